@@ -1,0 +1,119 @@
+//! Error codes of the API, their HTTP statuses, and the JSON error body
+//! `{"error": code, "message": text, "details": {...}}` sent on every non-2xx but 304.
+
+use serde::{Deserialize, Serialize};
+
+/// Every error code the API answers with.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum ErrorCode {
+    InvalidPath,
+    BadRequest,
+    InvalidSignature,
+    ExpiredSession,
+    InsufficientPermissions,
+    NotFound,
+    MethodNotAllowed,
+    PayloadTooLarge,
+    RateLimitExceeded,
+    ServerError,
+    ServiceUnavailable,
+    StorageQuotaExceeded,
+}
+
+impl ErrorCode {
+    /// The HTTP status this code is always sent with.
+    pub fn status(self) -> u16 {
+        match self {
+            ErrorCode::InvalidPath | ErrorCode::BadRequest => 400,
+            ErrorCode::InvalidSignature | ErrorCode::ExpiredSession => 401,
+            ErrorCode::InsufficientPermissions => 403,
+            ErrorCode::NotFound => 404,
+            ErrorCode::MethodNotAllowed => 405,
+            ErrorCode::PayloadTooLarge => 413,
+            ErrorCode::RateLimitExceeded => 429,
+            ErrorCode::ServerError => 500,
+            ErrorCode::ServiceUnavailable => 503,
+            ErrorCode::StorageQuotaExceeded => 507,
+        }
+    }
+
+    pub fn as_str(self) -> &'static str {
+        match self {
+            ErrorCode::InvalidPath => "invalid_path",
+            ErrorCode::BadRequest => "bad_request",
+            ErrorCode::InvalidSignature => "invalid_signature",
+            ErrorCode::ExpiredSession => "expired_session",
+            ErrorCode::InsufficientPermissions => "insufficient_permissions",
+            ErrorCode::NotFound => "not_found",
+            ErrorCode::MethodNotAllowed => "method_not_allowed",
+            ErrorCode::PayloadTooLarge => "payload_too_large",
+            ErrorCode::RateLimitExceeded => "rate_limit_exceeded",
+            ErrorCode::ServerError => "server_error",
+            ErrorCode::ServiceUnavailable => "service_unavailable",
+            ErrorCode::StorageQuotaExceeded => "storage_quota_exceeded",
+        }
+    }
+}
+
+/// The JSON body of every error response.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct ErrorBody {
+    pub error: ErrorCode,
+    pub message: String,
+    #[serde(default, skip_serializing_if = "serde_json::Value::is_null")]
+    pub details: serde_json::Value,
+}
+
+impl ErrorBody {
+    pub fn new(error: ErrorCode, message: impl Into<String>) -> Self {
+        Self {
+            error,
+            message: message.into(),
+            details: serde_json::Value::Null,
+        }
+    }
+
+    pub fn with_details(mut self, details: serde_json::Value) -> Self {
+        self.details = details;
+        self
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn serializes_as_documented() {
+        let body = ErrorBody::new(ErrorCode::StorageQuotaExceeded, "full");
+        let json = serde_json::to_value(&body).unwrap();
+        assert_eq!(
+            json,
+            serde_json::json!({"error": "storage_quota_exceeded", "message": "full"})
+        );
+        assert_eq!(ErrorCode::StorageQuotaExceeded.status(), 507);
+    }
+
+    #[test]
+    fn as_str_matches_serde() {
+        use ErrorCode::*;
+        for code in [
+            InvalidPath,
+            BadRequest,
+            InvalidSignature,
+            ExpiredSession,
+            InsufficientPermissions,
+            NotFound,
+            MethodNotAllowed,
+            PayloadTooLarge,
+            RateLimitExceeded,
+            ServerError,
+            ServiceUnavailable,
+            StorageQuotaExceeded,
+        ] {
+            let json = serde_json::to_value(code).unwrap();
+            assert_eq!(json.as_str(), Some(code.as_str()));
+        }
+    }
+}

@@ -1,0 +1,47 @@
+//! JSON bodies of the storage API, shared by server and client.
+
+use serde::{Deserialize, Serialize};
+
+/// Answer to `PUT /:path`.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct PutResult {
+    pub path: String,
+    pub size: u64,
+    pub created_at: i64,
+}
+
+/// Answer to `DELETE /:path`.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct DeleteResult {
+    pub path: String,
+    pub deleted_at: i64,
+}
+
+/// One item of a listing. In a shallow listing a sub-folder appears as an item whose
+/// path ends in `/` and that carries no size or timestamps.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct ListEntry {
+    pub path: String,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub size: Option<u64>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub created_at: Option<i64>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub updated_at: Option<i64>,
+}
+
+/// Answer to `GET /.../` (a listing).
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct ListResult {
+    pub entries: Vec<ListEntry>,
+    /// Opaque; pass it back as `cursor` to get the next page. Null when the page is empty.
+    pub cursor: Option<String>,
+    pub has_more: bool,
+}
+
+/// Answer to `POST /signup`.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct SignupResult {
+    pub public_key: String,
+    pub created_at: i64,
+}
