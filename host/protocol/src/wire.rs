@@ -45,3 +45,26 @@ pub struct SignupResult {
     pub public_key: String,
     pub created_at: i64,
 }
+
+/// Whether `token` has the signup token format `XXXX-XXXX-XXXX` (upper-case RFC 4648
+/// base32 characters: A-Z and 2-7).
+pub fn is_signup_token(token: &str) -> bool {
+    let groups: Vec<&str> = token.split('-').collect();
+    groups.len() == 3
+        && groups.iter().all(|g| {
+            g.len() == 4 && g.bytes().all(|b| b.is_ascii_uppercase() || (b'2'..=b'7').contains(&b))
+        })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn signup_token_format() {
+        assert!(is_signup_token("ABCD-EFGH-2345"));
+        for bad in ["abcd-efgh-2345", "ABCD-EFGH-2341", "ABCDEFGH2345", "ABCD-EFGH", "ABC-DEFG-HIJK", ""] {
+            assert!(!is_signup_token(bad), "{bad}");
+        }
+    }
+}

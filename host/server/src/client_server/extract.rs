@@ -1,0 +1,96 @@
+//! Reading what the routes need from a request: the signed target, the credentials and
+//! the Pubky-Host. Malformed credentials are answered here (401), before any service
+//! runs.
+
+use axum::http::request::Parts;
+use axum::http::{HeaderMap, Method, Uri, header};
+use homeserver_protocol::{AuthHeader, ErrorCode, PublicKey};
+
+use super::error::ApiError;
+use crate::service::auth::{Credentials, SignedTarget};
+
+/// Header and query parameter naming the user whose public data a read touches.
+pub const PUBKY_HOST_HEADER: &str = "pubky-host";
+pub const PUBKY_HOST_QUERY: &str = "pubky-host";
+
+/// The parts of a request the storage routes use.
+#[derive(Debug)]
+pub struct RequestInfo {
+    pub method: Method,
+    /// Path plus `?query` exactly as sent: what a signature covers.
+    pub target: String,
+    pub credentials: Credentials,
+    pub host: Option<PublicKey>,
+}
+
+impl RequestInfo {
+    pub fn signed_target(&self) -> SignedTarget<'_> {
+        SignedTarget {
+            method: self.method.as_str(),
+            target: &self.target,
+        }
+    }
+}
+
+/// The request target as sent: origin-form path and query. (A proxy's absolute-form URI
+/// is reduced to the same, so signatures still verify.)
+pub fn target_of(uri: &Uri) -> String {
+    uri.path_and_query()
+        .map(|pq| pq.as_str().to_owned())
+        .unwrap_or_else(|| uri.path().to_owned())
+}
+
+pub fn credentials(headers: &HeaderMap) -> Result<Credentials, ApiError> {
+    let Some(value) = headers.get(header::AUTHORIZATION) else {
+        return Ok(Credentials::None);
+    };
+    let invalid = |m: String| ApiError::new(ErrorCode::InvalidSignature, m);
+    let value = value
+        .to_str()
+        .map_err(|_| invalid("Authorization header is not ASCII".into()))?;
+    if let Some(token) = value.strip_prefix("Bearer ") {
+        return Ok(Credentials::Session(token.trim().to_owned()));
+    }
+    AuthHeader::parse(value)
+        .map(Credentials::Signed)
+        .map_err(|e| invalid(e.to_string()))
+}
+
+pub fn host(headers: &HeaderMap, uri: &Uri) -> Result<Option<PublicKey>, ApiError> {
+    let raw = match headers.get(PUBKY_HOST_HEADER) {
+        Some(v) => Some(
+            v.to_str()
+                .map_err(|_| bad_host("Pubky-Host header is not ASCII".into()))?
+                .trim()
+                .to_owned(),
+        ),
+        None => uri.query().and_then(|q| {
+            url_query_pairs(q)
+                .find(|(k, _)| k == PUBKY_HOST_QUERY)
+                .map(|(_, v)| v)
+        }),
+    };
+    raw.map(|s| {
+        s.parse::<PublicKey>()
+            .map_err(|e| bad_host(format!("invalid Pubky-Host: {e}")))
+    })
+    .transpose()
+}
+
+fn bad_host(m: String) -> ApiError {
+    ApiError::new(ErrorCode::BadRequest, m)
+}
+
+/// Decoded `key=value` pairs of a query string.
+pub fn url_query_pairs(query: &str) -> impl Iterator<Item = (String, String)> + '_ {
+    form_urlencoded::parse(query.as_bytes()).map(|(k, v)| (k.into_owned(), v.into_owned()))
+}
+
+pub fn request_info(parts: &Parts) -> Result<RequestInfo, ApiError> {
+    Ok(RequestInfo {
+        method: parts.method.clone(),
+        target: target_of(&parts.uri),
+        credentials: credentials(&parts.headers)?,
+        host: host(&parts.headers, &parts.uri)?,
+    })
+}

@@ -1,0 +1,31 @@
+//! The client-facing HTTP API: the router and its routes. Routes speak HTTP and call
+//! services; [`error`] maps every service error to a status and JSON body.
+
+pub mod error;
+pub mod extract;
+pub mod signup;
+pub mod storage;
+
+use std::sync::Arc;
+
+use axum::Router;
+use axum::response::{IntoResponse, Response};
+use axum::routing::post;
+use homeserver_protocol::ErrorCode;
+
+use crate::app::AppContext;
+use error::ApiError;
+
+pub type AppState = Arc<AppContext>;
+
+pub fn router(app: AppState) -> Router {
+    Router::new()
+        .route("/signup", post(signup::handle))
+        .method_not_allowed_fallback(method_not_allowed)
+        .fallback(storage::handle)
+        .with_state(app)
+}
+
+async fn method_not_allowed() -> Response {
+    ApiError::new(ErrorCode::MethodNotAllowed, "method not allowed on this endpoint").into_response()
+}

@@ -1,0 +1,64 @@
+//! `POST /signup[?signup_token=T]`: a signed request registers its signer.
+
+use axum::Json;
+use axum::body::{Body, to_bytes};
+use axum::extract::{Request, State};
+use axum::http::StatusCode;
+use axum::response::{IntoResponse, Response};
+use homeserver_protocol::{BodyHash, ErrorCode};
+
+use super::AppState;
+use super::error::ApiError;
+use super::extract::{request_info, url_query_pairs};
+use crate::service::auth::Credentials;
+
+/// Largest body a signup may carry (it needs none).
+const MAX_SIGNUP_BODY: usize = 64 * 1024;
+
+pub async fn handle(State(app): State<AppState>, request: Request) -> Response {
+    match sign_up(app, request).await {
+        Ok(r) => r,
+        Err(e) => e.into_response(),
+    }
+}
+
+async fn sign_up(app: AppState, request: Request) -> Result<Response, ApiError> {
+    let (parts, body) = request.into_parts();
+    let info = request_info(&parts)?;
+    let Credentials::Signed(header) = &info.credentials else {
+        return Err(ApiError::new(
+            ErrorCode::InvalidSignature,
+            "signup needs a signed request (Authorization: Pk ...)",
+        ));
+    };
+    let body = read_small_body(body).await?;
+    let token = parts.uri.query().and_then(|q| {
+        url_query_pairs(q)
+            .find(|(k, _)| k == "signup_token")
+            .map(|(_, v)| v)
+    });
+    let signup = app
+        .signup
+        .sign_up(
+            header,
+            &info.signed_target(),
+            &BodyHash::of(&body),
+            token.as_deref(),
+        )
+        .await?;
+    let status = if signup.created {
+        StatusCode::CREATED
+    } else {
+        StatusCode::OK
+    };
+    Ok((status, Json(signup.result)).into_response())
+}
+
+async fn read_small_body(body: Body) -> Result<bytes::Bytes, ApiError> {
+    to_bytes(body, MAX_SIGNUP_BODY).await.map_err(|_| {
+        ApiError::new(
+            ErrorCode::PayloadTooLarge,
+            format!("signup body is larger than {MAX_SIGNUP_BODY} bytes"),
+        )
+    })
+}

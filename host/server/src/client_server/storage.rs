@@ -1,0 +1,190 @@
+//! Routes of the storage API: `GET`/`HEAD`/`PUT`/`DELETE /pub/...`. A path ending in `/`
+//! is a listing (GET only). HTTP concerns live here (headers, conditional requests,
+//! streaming bodies); the rules are in `service::storage`.
+
+use axum::body::Body;
+use axum::extract::{Request, State};
+use axum::http::request::Parts;
+use axum::http::{HeaderMap, HeaderValue, Method, StatusCode, Uri, header};
+use axum::response::{IntoResponse, Response};
+use axum::Json;
+use base64::Engine;
+use base64::engine::general_purpose::STANDARD;
+use futures_util::TryStreamExt;
+use homeserver_protocol::{ErrorCode, StoragePath};
+
+use super::AppState;
+use super::error::ApiError;
+use super::extract::{request_info, url_query_pairs};
+use crate::persistence::metadata::EntryRecord;
+use crate::service::auth;
+use crate::service::storage::{BodyError, ListOptions};
+
+/// Every request no other route took: storage paths, or a JSON 404.
+pub async fn handle(State(app): State<AppState>, request: Request) -> Response {
+    match dispatch(app, request).await {
+        Ok(response) => response,
+        Err(e) => e.into_response(),
+    }
+}
+
+async fn dispatch(app: AppState, request: Request) -> Result<Response, ApiError> {
+    let raw_path = request.uri().path();
+    if !(raw_path.starts_with("/pub") || raw_path.starts_with("/private")) {
+        return Err(ApiError::not_found_route());
+    }
+    let path = StoragePath::parse(raw_path)
+        .map_err(|e| ApiError::new(ErrorCode::InvalidPath, e.to_string()))?;
+    let (parts, body) = request.into_parts();
+    match parts.method {
+        Method::GET | Method::HEAD => read(app, parts, path).await,
+        Method::PUT => put(app, parts, path, body).await,
+        Method::DELETE => delete(app, parts, path).await,
+        _ => Err(ApiError::new(
+            ErrorCode::MethodNotAllowed,
+            format!("{} is not allowed here; use GET, HEAD, PUT or DELETE", parts.method),
+        )),
+    }
+}
+
+fn entry_path_only(path: &StoragePath) -> Result<(), ApiError> {
+    if path.is_listing() {
+        return Err(ApiError::new(
+            ErrorCode::InvalidPath,
+            "a path ending in / names a listing; PUT and DELETE need an entry path",
+        ));
+    }
+    Ok(())
+}
+
+async fn read(app: AppState, parts: Parts, path: StoragePath) -> Result<Response, ApiError> {
+    let info = request_info(&parts)?;
+    let access = auth::authorize_read(
+        &info.credentials,
+        info.host.as_ref(),
+        &info.signed_target(),
+        path.is_private(),
+    )?;
+    let space = access.space();
+    if path.is_listing() {
+        let options = list_options(&parts.uri)?;
+        let page = app.storage.list(space, &path, options).await?;
+        return Ok(Json(page).into_response());
+    }
+    let record = app.storage.entry(space, &path).await?;
+    if not_modified(&parts.headers, &record) {
+        let mut response = StatusCode::NOT_MODIFIED.into_response();
+        entry_headers(response.headers_mut(), &record);
+        return Ok(response);
+    }
+    if parts.method == Method::HEAD {
+        let mut response = StatusCode::OK.into_response();
+        entry_headers(response.headers_mut(), &record);
+        response
+            .headers_mut()
+            .insert(header::CONTENT_LENGTH, HeaderValue::from(record.size));
+        return Ok(response);
+    }
+    let (record, stream) = app.storage.open(space, &path, record).await?;
+    let body = Body::from_stream(stream.map_err(std::io::Error::other));
+    let mut response = Response::new(body);
+    entry_headers(response.headers_mut(), &record);
+    response
+        .headers_mut()
+        .insert(header::CONTENT_LENGTH, HeaderValue::from(record.size));
+    Ok(response)
+}
+
+fn etag(record: &EntryRecord) -> String {
+    format!("\"{}\"", STANDARD.encode(record.content_hash))
+}
+
+fn entry_headers(headers: &mut HeaderMap, record: &EntryRecord) {
+    headers.insert(
+        header::CONTENT_TYPE,
+        HeaderValue::from_static("application/octet-stream"),
+    );
+    if let Ok(v) = HeaderValue::from_str(&etag(record)) {
+        headers.insert(header::ETAG, v);
+    }
+    let modified = std::time::UNIX_EPOCH
+        + std::time::Duration::from_secs(u64::try_from(record.updated_at).unwrap_or(0));
+    if let Ok(v) = HeaderValue::from_str(&httpdate::fmt_http_date(modified)) {
+        headers.insert(header::LAST_MODIFIED, v);
+    }
+}
+
+/// `If-None-Match` per RFC 9110: `*` or a list of (possibly weak) entity tags.
+fn not_modified(headers: &HeaderMap, record: &EntryRecord) -> bool {
+    let current = etag(record);
+    headers
+        .get_all(header::IF_NONE_MATCH)
+        .iter()
+        .filter_map(|v| v.to_str().ok())
+        .flat_map(|v| v.split(','))
+        .map(|tag| tag.trim())
+        .any(|tag| tag == "*" || tag.strip_prefix("W/").unwrap_or(tag) == current)
+}
+
+fn list_options(uri: &Uri) -> Result<ListOptions, ApiError> {
+    let mut options = ListOptions::default();
+    let bad = |m: String| ApiError::new(ErrorCode::BadRequest, m);
+    let flag = |name: &str, v: &str| match v {
+        "true" | "1" | "" => Ok(true),
+        "false" | "0" => Ok(false),
+        _ => Err(bad(format!("{name} must be true or false, got `{v}`"))),
+    };
+    for (key, value) in uri.query().map(url_query_pairs).into_iter().flatten() {
+        match key.as_str() {
+            "limit" => {
+                options.limit = Some(value.parse().map_err(|_| {
+                    bad(format!("limit must be an integer from 1 to 1000, got `{value}`"))
+                })?);
+            }
+            "cursor" => options.cursor = Some(value),
+            "reverse" => options.reverse = flag("reverse", &value)?,
+            "shallow" => options.shallow = flag("shallow", &value)?,
+            _ => {}
+        }
+    }
+    Ok(options)
+}
+
+async fn put(
+    app: AppState,
+    parts: Parts,
+    path: StoragePath,
+    body: Body,
+) -> Result<Response, ApiError> {
+    entry_path_only(&path)?;
+    let info = request_info(&parts)?;
+    let header = auth::authorize_write(&info.credentials, info.host.as_ref(), path.is_private())?;
+    let declared_len = match parts.headers.get(header::CONTENT_LENGTH) {
+        None => None,
+        Some(v) => Some(
+            v.to_str()
+                .ok()
+                .and_then(|s| s.parse::<u64>().ok())
+                .ok_or_else(|| ApiError::new(ErrorCode::BadRequest, "invalid Content-Length"))?,
+        ),
+    };
+    let stream = body
+        .into_data_stream()
+        .map_err(|e| BodyError(e.to_string()));
+    let result = app
+        .storage
+        .put(header, &info.signed_target(), &path, declared_len, stream)
+        .await?;
+    Ok(Json(result).into_response())
+}
+
+async fn delete(app: AppState, parts: Parts, path: StoragePath) -> Result<Response, ApiError> {
+    entry_path_only(&path)?;
+    let info = request_info(&parts)?;
+    let header = auth::authorize_write(&info.credentials, info.host.as_ref(), path.is_private())?;
+    let result = app
+        .storage
+        .delete(header, &info.signed_target(), &path)
+        .await?;
+    Ok(Json(result).into_response())
+}

@@ -1,0 +1,224 @@
+//! Configuration: the embedded `config.default.toml`, then an optional TOML file, then
+//! `HOMESERVER__<SECTION>__<KEY>` environment variables, each overriding the one before.
+//! Unknown keys are refused with a message naming them, so a typo never goes unnoticed.
+
+use std::net::SocketAddr;
+use std::path::{Path, PathBuf};
+
+use figment::Figment;
+use figment::providers::{Env, Format, Toml};
+use serde::{Deserialize, Serialize};
+
+/// The defaults, embedded at build time.
+pub const DEFAULT_CONFIG: &str = include_str!("../config.default.toml");
+
+#[derive(Debug, Clone, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct Config {
+    pub http: HttpConfig,
+    pub storage: StorageConfig,
+    pub signup: SignupConfig,
+    pub policies: PoliciesConfig,
+    pub keys: KeysConfig,
+    pub logging: LoggingConfig,
+}
+
+#[derive(Debug, Clone, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct HttpConfig {
+    /// Address of the plain HTTP API listener.
+    pub listen: SocketAddr,
+}
+
+#[derive(Debug, Clone, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct StorageConfig {
+    /// `sqlite://PATH` for the metadata database.
+    pub database_url: String,
+    /// `file://DIR` for the blob store.
+    pub blobs: String,
+    /// Per-user quota in bytes; 0 = unlimited.
+    pub quota_bytes: u64,
+    /// Largest value in bytes.
+    pub max_value_bytes: u64,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum SignupMode {
+    /// Any key may sign up.
+    Open,
+    /// A signup token is required.
+    Token,
+}
+
+#[derive(Debug, Clone, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct SignupConfig {
+    pub mode: SignupMode,
+}
+
+#[derive(Debug, Clone, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct PoliciesConfig {
+    /// Folder of guest modules and their data.
+    pub dir: PathBuf,
+}
+
+#[derive(Debug, Clone, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct KeysConfig {
+    /// The server's secret key file (64 hex chars), created on first start.
+    pub secret_key_file: PathBuf,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum LogFormat {
+    Text,
+    Json,
+}
+
+#[derive(Debug, Clone, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct LoggingConfig {
+    pub format: LogFormat,
+}
+
+#[derive(Debug, thiserror::Error)]
+pub enum ConfigError {
+    #[error("config file {path}: {source}")]
+    Read {
+        path: PathBuf,
+        source: std::io::Error,
+    },
+    #[error("invalid configuration: {0}")]
+    Invalid(String),
+}
+
+impl Config {
+    /// Defaults, then `file` if given, then the process environment.
+    pub fn load(file: Option<&Path>) -> Result<Self, ConfigError> {
+        let mut figment = Figment::from(Toml::string(DEFAULT_CONFIG));
+        if let Some(path) = file {
+            // Read it ourselves so a missing file is an error, not silently skipped.
+            let text = std::fs::read_to_string(path).map_err(|source| ConfigError::Read {
+                path: path.to_owned(),
+                source,
+            })?;
+            figment = figment.merge(Toml::string(&text));
+        }
+        figment = figment.merge(Env::prefixed("HOMESERVER__").split("__"));
+        let config: Config = figment
+            .extract()
+            .map_err(|e| ConfigError::Invalid(describe(e)))?;
+        config.validate()?;
+        Ok(config)
+    }
+
+    /// Only the embedded defaults (for tests and tools).
+    pub fn defaults() -> Self {
+        Figment::from(Toml::string(DEFAULT_CONFIG))
+            .extract()
+            .expect("embedded default config is valid")
+    }
+
+    fn validate(&self) -> Result<(), ConfigError> {
+        let storage = &self.storage;
+        if !storage.database_url.starts_with("sqlite:") {
+            return Err(ConfigError::Invalid(format!(
+                "storage.database_url: `{}` is not supported (use sqlite://PATH)",
+                storage.database_url
+            )));
+        }
+        if !storage.blobs.starts_with("file://") {
+            return Err(ConfigError::Invalid(format!(
+                "storage.blobs: `{}` is not supported (use file://DIR)",
+                storage.blobs
+            )));
+        }
+        if storage.max_value_bytes == 0 {
+            return Err(ConfigError::Invalid(
+                "storage.max_value_bytes must be at least 1".into(),
+            ));
+        }
+        Ok(())
+    }
+}
+
+/// Turns figment's errors into one line per problem, each naming the key.
+fn describe(error: figment::Error) -> String {
+    error
+        .into_iter()
+        .map(|e| {
+            let key = e.path.join(".");
+            let msg = e.kind.to_string();
+            if key.is_empty() {
+                msg
+            } else {
+                format!("{key}: {msg}")
+            }
+        })
+        .collect::<Vec<_>>()
+        .join("; ")
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn defaults_match_design() {
+        let c = Config::defaults();
+        assert_eq!(c.http.listen.to_string(), "127.0.0.1:6286");
+        assert_eq!(c.storage.quota_bytes, 100 * 1024 * 1024);
+        assert_eq!(c.storage.max_value_bytes, 10 * 1024 * 1024);
+        assert_eq!(c.signup.mode, SignupMode::Open);
+    }
+
+    #[test]
+    fn file_overrides_defaults_and_unknown_keys_are_named() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("c.toml");
+        std::fs::write(&path, "[storage]\nquota_bytes = 5\n").unwrap();
+        let c = Config::load(Some(&path)).unwrap();
+        assert_eq!(c.storage.quota_bytes, 5);
+        assert_eq!(c.storage.max_value_bytes, 10 * 1024 * 1024);
+
+        std::fs::write(&path, "[storage]\nquota_byte = 5\n").unwrap();
+        let err = Config::load(Some(&path)).unwrap_err().to_string();
+        assert!(err.contains("quota_byte"), "{err}");
+
+        std::fs::write(&path, "[http]\nlisten = \"nonsense\"\n").unwrap();
+        let err = Config::load(Some(&path)).unwrap_err().to_string();
+        assert!(err.contains("http.listen"), "{err}");
+
+        let err = Config::load(Some(&dir.path().join("missing.toml"))).unwrap_err();
+        assert!(err.to_string().contains("missing.toml"));
+    }
+
+    #[test]
+    fn design_sample_config_parses() {
+        // The subset of DESIGN.md's sample that this build implements.
+        let sample = r#"
+            [http]
+            listen = "127.0.0.1:6286"
+            [storage]
+            database_url = "sqlite://data/hs.db"
+            blobs = "file://data/blobs"
+            quota_bytes = 104857600
+            max_value_bytes = 10485760
+            [signup]
+            mode = "open"
+            [policies]
+            dir = "policies"
+            [keys]
+            secret_key_file = "data/server.key"
+        "#;
+        let c: Config = Figment::from(Toml::string(DEFAULT_CONFIG))
+            .merge(Toml::string(sample))
+            .extract()
+            .unwrap();
+        c.validate().unwrap();
+    }
+}

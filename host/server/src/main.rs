@@ -1,0 +1,57 @@
+//! `homeserver`: parse the command line, load the config, run.
+
+use std::process::ExitCode;
+
+use clap::Parser;
+use homeserver::cli::Cli;
+use homeserver::config::{Config, LogFormat};
+use homeserver::Homeserver;
+use tracing_subscriber::EnvFilter;
+
+#[tokio::main]
+async fn main() -> ExitCode {
+    let cli = Cli::parse();
+    let config = match Config::load(cli.config.as_deref()) {
+        Ok(c) => c,
+        Err(e) => {
+            eprintln!("homeserver: {e}");
+            return ExitCode::from(2);
+        }
+    };
+    if cli.print_config {
+        match toml::to_string_pretty(&config) {
+            Ok(text) => {
+                print!("{text}");
+                return ExitCode::SUCCESS;
+            }
+            Err(e) => {
+                eprintln!("homeserver: {e}");
+                return ExitCode::FAILURE;
+            }
+        }
+    }
+    init_logging(config.logging.format);
+    match Homeserver::start(config).await {
+        Ok(server) => {
+            server.run_until_signal().await;
+            ExitCode::SUCCESS
+        }
+        Err(e) => {
+            tracing::error!("{e}");
+            eprintln!("homeserver: {e}");
+            ExitCode::FAILURE
+        }
+    }
+}
+
+fn init_logging(format: LogFormat) {
+    let filter = EnvFilter::try_from_default_env().unwrap_or_else(|_| EnvFilter::new("info"));
+    let ansi = std::io::IsTerminal::is_terminal(&std::io::stdout());
+    let builder = tracing_subscriber::fmt()
+        .with_env_filter(filter)
+        .with_ansi(ansi);
+    match format {
+        LogFormat::Json => builder.json().init(),
+        LogFormat::Text => builder.init(),
+    }
+}

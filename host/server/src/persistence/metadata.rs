@@ -1,0 +1,153 @@
+//! The metadata store boundary. Every state change that must be atomic happens inside
+//! one call here (one transaction): a PUT's entry row, the owner's usage, the quota check,
+//! the replay mark and the event row commit together or not at all.
+
+use async_trait::async_trait;
+
+/// A user row.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct UserRecord {
+    pub public_key: String,
+    pub created_at: i64,
+    pub used_bytes: u64,
+    /// Per-user override: None = configured default, Some(0) = unlimited.
+    pub quota_bytes: Option<u64>,
+    pub disabled: bool,
+    pub last_activity: i64,
+}
+
+/// An entry row.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct EntryRecord {
+    pub path: String,
+    pub blob_key: String,
+    pub size: u64,
+    pub content_hash: [u8; 32],
+    pub created_at: i64,
+    pub updated_at: i64,
+}
+
+/// What a store needs to know to decide a write before the body is read.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct WriteContext {
+    pub user: Option<UserRecord>,
+    /// Size of the entry the write would replace.
+    pub existing_size: Option<u64>,
+}
+
+/// A signature to remember so that it is refused if seen again.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct ReplayMark {
+    pub signature_id: [u8; 32],
+    pub expires_at: i64,
+}
+
+/// A PUT ready to commit: the value is already complete in the blob store.
+#[derive(Debug, Clone)]
+pub struct NewEntry<'a> {
+    pub user: &'a str,
+    pub path: &'a str,
+    pub blob_key: &'a str,
+    pub size: u64,
+    pub content_hash: [u8; 32],
+    pub now: i64,
+    /// The configured default quota (0 = unlimited); a user's own override wins.
+    pub default_quota: u64,
+}
+
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum PutOutcome {
+    Committed {
+        created_at: i64,
+        /// The blob the entry pointed at before, now unreferenced.
+        replaced_blob: Option<String>,
+    },
+    QuotaExceeded {
+        used: u64,
+        quota: u64,
+    },
+    Replayed,
+    UnknownUser,
+}
+
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum DeleteOutcome {
+    Deleted { blob_key: String },
+    NotFound,
+    Replayed,
+}
+
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum SignupOutcome {
+    Created { created_at: i64 },
+    AlreadyExists { created_at: i64 },
+    Replayed,
+    TokenUnknown,
+    TokenUsed,
+}
+
+/// A key range of one user's entries, bounds exclusive, in path order.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct EntryRange<'a> {
+    pub user: &'a str,
+    pub after: &'a str,
+    pub before: &'a str,
+    pub descending: bool,
+    pub limit: u32,
+}
+
+#[derive(Debug, thiserror::Error)]
+pub enum StoreError {
+    /// The database cannot be reached or is overloaded (a 503 for the caller).
+    #[error("metadata store unavailable: {0}")]
+    Unavailable(String),
+    /// Anything else (a 500 for the caller; the cause is logged, not sent).
+    #[error("metadata store error: {0}")]
+    Internal(String),
+}
+
+#[async_trait]
+pub trait MetadataStore: Send + Sync + 'static {
+    async fn user(&self, public_key: &str) -> Result<Option<UserRecord>, StoreError>;
+
+    /// Signs a user up (idempotent for an existing user), redeeming `token` if given.
+    async fn sign_up(
+        &self,
+        public_key: &str,
+        token: Option<&str>,
+        now: i64,
+        replay: ReplayMark,
+    ) -> Result<SignupOutcome, StoreError>;
+
+    async fn write_context(&self, user: &str, path: &str) -> Result<WriteContext, StoreError>;
+
+    async fn entry(&self, user: &str, path: &str) -> Result<Option<EntryRecord>, StoreError>;
+
+    /// Entries within a range, at most `limit`.
+    async fn entries(&self, range: EntryRange<'_>) -> Result<Vec<EntryRecord>, StoreError>;
+
+    /// Commits a PUT: replay mark, quota-checked usage update, entry upsert and PUT event.
+    async fn commit_put(
+        &self,
+        entry: NewEntry<'_>,
+        replay: ReplayMark,
+    ) -> Result<PutOutcome, StoreError>;
+
+    /// Commits a DELETE: replay mark, entry removal, usage update and DEL event.
+    async fn commit_delete(
+        &self,
+        user: &str,
+        path: &str,
+        now: i64,
+        replay: ReplayMark,
+    ) -> Result<DeleteOutcome, StoreError>;
+
+    /// Whether any entry points at this blob.
+    async fn blob_referenced(&self, blob_key: &str) -> Result<bool, StoreError>;
+
+    /// Forgets replay marks that expired before `now`.
+    async fn purge_replay_marks(&self, now: i64) -> Result<u64, StoreError>;
+
+    /// Latest event cursor (0 when there is none).
+    async fn latest_cursor(&self) -> Result<u64, StoreError>;
+}

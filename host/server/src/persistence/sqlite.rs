@@ -1,0 +1,447 @@
+//! The embedded metadata store: SQLite through sqlx, in WAL mode.
+//!
+//! Writes go through a pool of exactly one connection, so write transactions run one at
+//! a time in this process and never meet SQLITE_BUSY; reads use a separate pool of
+//! read-only connections that WAL lets run beside the writer. One process owns a
+//! database file: scale-out deployments use PostgreSQL.
+
+use std::str::FromStr;
+use std::time::Duration;
+
+use async_trait::async_trait;
+use sqlx::sqlite::{
+    SqliteConnectOptions, SqliteJournalMode, SqlitePool, SqlitePoolOptions, SqliteRow,
+    SqliteSynchronous,
+};
+use sqlx::{Row, Sqlite, Transaction};
+
+use super::metadata::{
+    DeleteOutcome, EntryRange, EntryRecord, MetadataStore, NewEntry, PutOutcome, ReplayMark,
+    SignupOutcome, StoreError, UserRecord, WriteContext,
+};
+
+static MIGRATOR: sqlx::migrate::Migrator = sqlx::migrate!("./migrations/sqlite");
+
+/// Read connections; SQLite reads are CPU-bound, so a few more than cores is plenty.
+const READ_CONNECTIONS: u32 = 4;
+
+pub struct SqliteStore {
+    writer: SqlitePool,
+    reader: SqlitePool,
+}
+
+impl SqliteStore {
+    /// Opens (creating if missing) the database at `url` (`sqlite://PATH`) and migrates it.
+    pub async fn open(url: &str) -> Result<Self, StoreError> {
+        let options = SqliteConnectOptions::from_str(url)
+            .map_err(|e| StoreError::Internal(format!("database url: {e}")))?
+            .create_if_missing(true)
+            .journal_mode(SqliteJournalMode::Wal)
+            // With WAL, NORMAL loses no committed transaction when the process dies
+            // (only on power loss), and saves an fsync per commit.
+            .synchronous(SqliteSynchronous::Normal)
+            .foreign_keys(true)
+            .busy_timeout(Duration::from_secs(5));
+        if let Some(parent) = options.get_filename().parent()
+            && !parent.as_os_str().is_empty()
+        {
+            std::fs::create_dir_all(parent).map_err(|e| {
+                StoreError::Internal(format!("creating {}: {e}", parent.display()))
+            })?;
+        }
+        let writer = SqlitePoolOptions::new()
+            .max_connections(1)
+            .acquire_timeout(Duration::from_secs(30))
+            .connect_with(options.clone())
+            .await
+            .map_err(map_err)?;
+        MIGRATOR
+            .run(&writer)
+            .await
+            .map_err(|e| StoreError::Internal(format!("migrating the database: {e}")))?;
+        let reader = SqlitePoolOptions::new()
+            .max_connections(READ_CONNECTIONS)
+            .min_connections(1)
+            .connect_with(options.read_only(true))
+            .await
+            .map_err(map_err)?;
+        Ok(Self { writer, reader })
+    }
+
+    /// Closes both pools, letting in-flight statements finish (for graceful shutdown).
+    pub async fn close(&self) {
+        self.reader.close().await;
+        self.writer.close().await;
+    }
+}
+
+fn map_err(e: sqlx::Error) -> StoreError {
+    match &e {
+        sqlx::Error::PoolTimedOut | sqlx::Error::PoolClosed | sqlx::Error::Io(_) => {
+            StoreError::Unavailable(e.to_string())
+        }
+        sqlx::Error::Database(db) if db.code().is_some_and(|c| c == "5" || c == "6") => {
+            // SQLITE_BUSY / SQLITE_LOCKED after the busy timeout.
+            StoreError::Unavailable(e.to_string())
+        }
+        _ => StoreError::Internal(e.to_string()),
+    }
+}
+
+fn to_u64(v: i64) -> u64 {
+    u64::try_from(v).unwrap_or(0)
+}
+
+fn to_i64(v: u64) -> i64 {
+    i64::try_from(v).unwrap_or(i64::MAX)
+}
+
+fn user_from_row(row: &SqliteRow) -> Result<UserRecord, sqlx::Error> {
+    Ok(UserRecord {
+        public_key: row.try_get("public_key")?,
+        created_at: row.try_get("created_at")?,
+        used_bytes: to_u64(row.try_get("used_bytes")?),
+        quota_bytes: row.try_get::<Option<i64>, _>("quota_bytes")?.map(to_u64),
+        disabled: row.try_get::<i64, _>("disabled")? != 0,
+        last_activity: row.try_get("last_activity")?,
+    })
+}
+
+fn entry_from_row(row: &SqliteRow) -> Result<EntryRecord, sqlx::Error> {
+    let hash: Vec<u8> = row.try_get("content_hash")?;
+    Ok(EntryRecord {
+        path: row.try_get("path")?,
+        blob_key: row.try_get("blob_key")?,
+        size: to_u64(row.try_get("size")?),
+        content_hash: hash
+            .try_into()
+            .map_err(|_| sqlx::Error::Decode("content_hash is not 32 bytes".into()))?,
+        created_at: row.try_get("created_at")?,
+        updated_at: row.try_get("updated_at")?,
+    })
+}
+
+const USER_COLUMNS: &str =
+    "public_key, created_at, used_bytes, quota_bytes, disabled, last_activity";
+const ENTRY_COLUMNS: &str = "path, blob_key, size, content_hash, created_at, updated_at";
+
+/// Records a replay mark; false when the signature was seen before.
+async fn mark_signature(
+    tx: &mut Transaction<'_, Sqlite>,
+    mark: ReplayMark,
+) -> Result<bool, sqlx::Error> {
+    let done = sqlx::query(
+        "INSERT INTO seen_signatures (signature_id, expires_at) VALUES (?, ?) \
+         ON CONFLICT (signature_id) DO NOTHING",
+    )
+    .bind(&mark.signature_id[..])
+    .bind(mark.expires_at)
+    .execute(&mut **tx)
+    .await?;
+    Ok(done.rows_affected() == 1)
+}
+
+async fn insert_event(
+    tx: &mut Transaction<'_, Sqlite>,
+    user: &str,
+    path: &str,
+    kind: &str,
+    content_hash: Option<&[u8]>,
+    now: i64,
+) -> Result<(), sqlx::Error> {
+    sqlx::query(
+        "INSERT INTO events (user, path, kind, content_hash, created_at) VALUES (?, ?, ?, ?, ?)",
+    )
+    .bind(user)
+    .bind(path)
+    .bind(kind)
+    .bind(content_hash)
+    .bind(now)
+    .execute(&mut **tx)
+    .await?;
+    Ok(())
+}
+
+#[async_trait]
+impl MetadataStore for SqliteStore {
+    async fn user(&self, public_key: &str) -> Result<Option<UserRecord>, StoreError> {
+        let row = sqlx::query(&format!(
+            "SELECT {USER_COLUMNS} FROM users WHERE public_key = ?"
+        ))
+        .bind(public_key)
+        .fetch_optional(&self.reader)
+        .await
+        .map_err(map_err)?;
+        row.as_ref().map(user_from_row).transpose().map_err(map_err)
+    }
+
+    async fn sign_up(
+        &self,
+        public_key: &str,
+        token: Option<&str>,
+        now: i64,
+        replay: ReplayMark,
+    ) -> Result<SignupOutcome, StoreError> {
+        let mut tx = self.writer.begin().await.map_err(map_err)?;
+        if !mark_signature(&mut tx, replay).await.map_err(map_err)? {
+            return Ok(SignupOutcome::Replayed);
+        }
+        let existing: Option<i64> =
+            sqlx::query_scalar("SELECT created_at FROM users WHERE public_key = ?")
+                .bind(public_key)
+                .fetch_optional(&mut *tx)
+                .await
+                .map_err(map_err)?;
+        if let Some(created_at) = existing {
+            // Commit the replay mark: the signature was accepted.
+            tx.commit().await.map_err(map_err)?;
+            return Ok(SignupOutcome::AlreadyExists { created_at });
+        }
+        if let Some(token) = token {
+            let redeemed = sqlx::query(
+                "UPDATE signup_tokens SET used_by = ?, used_at = ? \
+                 WHERE token = ? AND used_by IS NULL",
+            )
+            .bind(public_key)
+            .bind(now)
+            .bind(token)
+            .execute(&mut *tx)
+            .await
+            .map_err(map_err)?;
+            if redeemed.rows_affected() == 0 {
+                let known: Option<i64> =
+                    sqlx::query_scalar("SELECT 1 FROM signup_tokens WHERE token = ?")
+                        .bind(token)
+                        .fetch_optional(&mut *tx)
+                        .await
+                        .map_err(map_err)?;
+                tx.commit().await.map_err(map_err)?;
+                return Ok(if known.is_some() {
+                    SignupOutcome::TokenUsed
+                } else {
+                    SignupOutcome::TokenUnknown
+                });
+            }
+        }
+        sqlx::query(
+            "INSERT INTO users (public_key, created_at, last_activity, signup_token) \
+             VALUES (?, ?, ?, ?)",
+        )
+        .bind(public_key)
+        .bind(now)
+        .bind(now)
+        .bind(token)
+        .execute(&mut *tx)
+        .await
+        .map_err(map_err)?;
+        tx.commit().await.map_err(map_err)?;
+        Ok(SignupOutcome::Created { created_at: now })
+    }
+
+    async fn write_context(&self, user: &str, path: &str) -> Result<WriteContext, StoreError> {
+        let row = sqlx::query(&format!(
+            "SELECT {USER_COLUMNS}, \
+             (SELECT size FROM entries WHERE user = ?1 AND path = ?2) AS existing_size \
+             FROM users WHERE public_key = ?1"
+        ))
+        .bind(user)
+        .bind(path)
+        .fetch_optional(&self.reader)
+        .await
+        .map_err(map_err)?;
+        let Some(row) = row else {
+            return Ok(WriteContext {
+                user: None,
+                existing_size: None,
+            });
+        };
+        let existing: Option<i64> = row.try_get("existing_size").map_err(map_err)?;
+        Ok(WriteContext {
+            user: Some(user_from_row(&row).map_err(map_err)?),
+            existing_size: existing.map(to_u64),
+        })
+    }
+
+    async fn entry(&self, user: &str, path: &str) -> Result<Option<EntryRecord>, StoreError> {
+        let row = sqlx::query(&format!(
+            "SELECT {ENTRY_COLUMNS} FROM entries WHERE user = ? AND path = ?"
+        ))
+        .bind(user)
+        .bind(path)
+        .fetch_optional(&self.reader)
+        .await
+        .map_err(map_err)?;
+        row.as_ref().map(entry_from_row).transpose().map_err(map_err)
+    }
+
+    async fn entries(&self, range: EntryRange<'_>) -> Result<Vec<EntryRecord>, StoreError> {
+        let order = if range.descending { "DESC" } else { "ASC" };
+        let rows = sqlx::query(&format!(
+            "SELECT {ENTRY_COLUMNS} FROM entries \
+             WHERE user = ? AND path > ? AND path < ? ORDER BY path {order} LIMIT ?"
+        ))
+        .bind(range.user)
+        .bind(range.after)
+        .bind(range.before)
+        .bind(i64::from(range.limit))
+        .fetch_all(&self.reader)
+        .await
+        .map_err(map_err)?;
+        rows.iter()
+            .map(entry_from_row)
+            .collect::<Result<_, _>>()
+            .map_err(map_err)
+    }
+
+    async fn commit_put(
+        &self,
+        entry: NewEntry<'_>,
+        replay: ReplayMark,
+    ) -> Result<PutOutcome, StoreError> {
+        let mut tx = self.writer.begin().await.map_err(map_err)?;
+        if !mark_signature(&mut tx, replay).await.map_err(map_err)? {
+            return Ok(PutOutcome::Replayed);
+        }
+        let user = sqlx::query(&format!(
+            "SELECT {USER_COLUMNS} FROM users WHERE public_key = ?"
+        ))
+        .bind(entry.user)
+        .fetch_optional(&mut *tx)
+        .await
+        .map_err(map_err)?;
+        let Some(user) = user.as_ref().map(user_from_row).transpose().map_err(map_err)? else {
+            return Ok(PutOutcome::UnknownUser);
+        };
+        let old = sqlx::query("SELECT blob_key, size, created_at FROM entries WHERE user = ? AND path = ?")
+            .bind(entry.user)
+            .bind(entry.path)
+            .fetch_optional(&mut *tx)
+            .await
+            .map_err(map_err)?;
+        let (replaced_blob, old_size, created_at) = match &old {
+            Some(row) => (
+                Some(row.try_get::<String, _>("blob_key").map_err(map_err)?),
+                to_u64(row.try_get("size").map_err(map_err)?),
+                row.try_get::<i64, _>("created_at").map_err(map_err)?,
+            ),
+            None => (None, 0, entry.now),
+        };
+        let quota = user.quota_bytes.unwrap_or(entry.default_quota);
+        let new_used = user.used_bytes.saturating_sub(old_size) + entry.size;
+        if quota != 0 && entry.size > old_size && new_used > quota {
+            // Dropping the transaction rolls back the replay mark too: nothing happened.
+            return Ok(PutOutcome::QuotaExceeded {
+                used: user.used_bytes,
+                quota,
+            });
+        }
+        sqlx::query("UPDATE users SET used_bytes = ?, last_activity = ? WHERE public_key = ?")
+            .bind(to_i64(new_used))
+            .bind(entry.now)
+            .bind(entry.user)
+            .execute(&mut *tx)
+            .await
+            .map_err(map_err)?;
+        sqlx::query(
+            "INSERT INTO entries (user, path, blob_key, size, content_hash, created_at, updated_at) \
+             VALUES (?, ?, ?, ?, ?, ?, ?) \
+             ON CONFLICT (user, path) DO UPDATE SET blob_key = excluded.blob_key, \
+             size = excluded.size, content_hash = excluded.content_hash, \
+             updated_at = excluded.updated_at",
+        )
+        .bind(entry.user)
+        .bind(entry.path)
+        .bind(entry.blob_key)
+        .bind(to_i64(entry.size))
+        .bind(&entry.content_hash[..])
+        .bind(created_at)
+        .bind(entry.now)
+        .execute(&mut *tx)
+        .await
+        .map_err(map_err)?;
+        insert_event(
+            &mut tx,
+            entry.user,
+            entry.path,
+            "PUT",
+            Some(&entry.content_hash[..]),
+            entry.now,
+        )
+        .await
+        .map_err(map_err)?;
+        tx.commit().await.map_err(map_err)?;
+        Ok(PutOutcome::Committed {
+            created_at,
+            replaced_blob,
+        })
+    }
+
+    async fn commit_delete(
+        &self,
+        user: &str,
+        path: &str,
+        now: i64,
+        replay: ReplayMark,
+    ) -> Result<DeleteOutcome, StoreError> {
+        let mut tx = self.writer.begin().await.map_err(map_err)?;
+        if !mark_signature(&mut tx, replay).await.map_err(map_err)? {
+            return Ok(DeleteOutcome::Replayed);
+        }
+        let old = sqlx::query(
+            "DELETE FROM entries WHERE user = ? AND path = ? RETURNING blob_key, size",
+        )
+        .bind(user)
+        .bind(path)
+        .fetch_optional(&mut *tx)
+        .await
+        .map_err(map_err)?;
+        let Some(old) = old else {
+            // Keep the replay mark: the signed request was accepted and answered.
+            tx.commit().await.map_err(map_err)?;
+            return Ok(DeleteOutcome::NotFound);
+        };
+        let blob_key: String = old.try_get("blob_key").map_err(map_err)?;
+        let size: i64 = old.try_get("size").map_err(map_err)?;
+        sqlx::query(
+            "UPDATE users SET used_bytes = MAX(used_bytes - ?, 0), last_activity = ? \
+             WHERE public_key = ?",
+        )
+        .bind(size)
+        .bind(now)
+        .bind(user)
+        .execute(&mut *tx)
+        .await
+        .map_err(map_err)?;
+        insert_event(&mut tx, user, path, "DEL", None, now)
+            .await
+            .map_err(map_err)?;
+        tx.commit().await.map_err(map_err)?;
+        Ok(DeleteOutcome::Deleted { blob_key })
+    }
+
+    async fn blob_referenced(&self, blob_key: &str) -> Result<bool, StoreError> {
+        let found: Option<i64> = sqlx::query_scalar("SELECT 1 FROM entries WHERE blob_key = ?")
+            .bind(blob_key)
+            .fetch_optional(&self.reader)
+            .await
+            .map_err(map_err)?;
+        Ok(found.is_some())
+    }
+
+    async fn purge_replay_marks(&self, now: i64) -> Result<u64, StoreError> {
+        let done = sqlx::query("DELETE FROM seen_signatures WHERE expires_at < ?")
+            .bind(now)
+            .execute(&self.writer)
+            .await
+            .map_err(map_err)?;
+        Ok(done.rows_affected())
+    }
+
+    async fn latest_cursor(&self) -> Result<u64, StoreError> {
+        let cursor: Option<i64> = sqlx::query_scalar("SELECT MAX(cursor) FROM events")
+            .fetch_one(&self.reader)
+            .await
+            .map_err(map_err)?;
+        Ok(cursor.map(to_u64).unwrap_or(0))
+    }
+}

@@ -1,0 +1,22 @@
+//! Services: the homeserver's rules, free of HTTP types. Routes call these; these call
+//! persistence.
+//!
+//! - [`auth`]: who a request acts for (signed requests, public reads) and replay marks.
+//! - [`storage`]: PUT, GET, DELETE and listing of entries.
+//! - [`signup`]: registering users.
+//! - [`error`]: [`ServiceError`], mapped to HTTP once in `client_server::error`.
+
+pub mod auth;
+pub mod error;
+pub mod signup;
+pub mod storage;
+
+pub use error::ServiceError;
+
+/// Current Unix time in seconds.
+pub fn now_secs() -> i64 {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map(|d| i64::try_from(d.as_secs()).unwrap_or(i64::MAX))
+        .unwrap_or(0)
+}

@@ -1,0 +1,82 @@
+//! Signup: a signed `POST /signup` registers the signer. In `token` mode a signup token
+//! is redeemed in the same transaction that creates the user, so two racing signups with
+//! one token cannot both win.
+
+use std::sync::Arc;
+
+use homeserver_protocol::wire::{SignupResult, is_signup_token};
+use homeserver_protocol::{AuthHeader, BodyHash};
+
+use super::auth::{self, SignedTarget};
+use super::{ServiceError, now_secs};
+use crate::config::SignupMode;
+use crate::persistence::MetadataStore;
+use crate::persistence::metadata::SignupOutcome;
+
+#[derive(Clone)]
+pub struct SignupService {
+    metadata: Arc<dyn MetadataStore>,
+    mode: SignupMode,
+}
+
+/// Whether a signup created the user or found it already there.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Signup {
+    pub result: SignupResult,
+    pub created: bool,
+}
+
+impl SignupService {
+    pub fn new(metadata: Arc<dyn MetadataStore>, mode: SignupMode) -> Self {
+        Self { metadata, mode }
+    }
+
+    pub async fn sign_up(
+        &self,
+        header: &AuthHeader,
+        target: &SignedTarget<'_>,
+        body_hash: &BodyHash,
+        token: Option<&str>,
+    ) -> Result<Signup, ServiceError> {
+        auth::verify(header, target, body_hash)?;
+        let token = match self.mode {
+            SignupMode::Open => None,
+            SignupMode::Token => match token {
+                None => {
+                    return Err(ServiceError::Forbidden(
+                        "this homeserver requires a signup token (?signup_token=...)".into(),
+                    ));
+                }
+                Some(t) if !is_signup_token(t) => {
+                    return Err(ServiceError::BadRequest(
+                        "malformed signup token: expected XXXX-XXXX-XXXX".into(),
+                    ));
+                }
+                Some(t) => Some(t),
+            },
+        };
+        let public_key = header.public_key.to_z32();
+        let outcome = self
+            .metadata
+            .sign_up(&public_key, token, now_secs(), auth::replay_mark(header))
+            .await?;
+        let (created_at, created) = match outcome {
+            SignupOutcome::Created { created_at } => (created_at, true),
+            SignupOutcome::AlreadyExists { created_at } => (created_at, false),
+            SignupOutcome::Replayed => return Err(auth::replayed()),
+            SignupOutcome::TokenUnknown => {
+                return Err(ServiceError::Forbidden("unknown signup token".into()));
+            }
+            SignupOutcome::TokenUsed => {
+                return Err(ServiceError::Forbidden("signup token already used".into()));
+            }
+        };
+        Ok(Signup {
+            result: SignupResult {
+                public_key,
+                created_at,
+            },
+            created,
+        })
+    }
+}

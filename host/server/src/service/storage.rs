@@ -1,0 +1,411 @@
+//! Entries: PUT, GET, DELETE and listing, with the size limit and per-user quota.
+//!
+//! The write path: every check that needs no body first (credentials' shape and age,
+//! registration, declared size, quota), then the body streams into a new blob while it
+//! is hashed (SHA-256 for the signature, BLAKE3 for the content hash) and counted, then
+//! the signature is verified, then one metadata transaction commits entry, usage, replay
+//! mark and event. The replaced blob is deleted only after that commit.
+
+use std::sync::Arc;
+
+use base64::Engine;
+use base64::engine::general_purpose::URL_SAFE_NO_PAD;
+use bytes::Bytes;
+use futures_util::{Stream, StreamExt};
+use homeserver_protocol::wire::{DeleteResult, ListEntry, ListResult, PutResult};
+use homeserver_protocol::{AuthHeader, BodyHash, PublicKey, StoragePath};
+use sha2::{Digest, Sha256};
+
+use super::auth::{self, SignedTarget};
+use super::{ServiceError, now_secs};
+use crate::persistence::blobs::BlobError;
+use crate::persistence::metadata::{DeleteOutcome, EntryRange, EntryRecord, NewEntry, PutOutcome};
+use crate::persistence::{BlobStore, MetadataStore};
+
+/// Limits of the storage API.
+#[derive(Debug, Clone, Copy)]
+pub struct StorageLimits {
+    pub max_value_bytes: u64,
+    /// Default per-user quota; 0 = unlimited.
+    pub quota_bytes: u64,
+}
+
+/// Listing page size when none is asked for, and the largest allowed.
+pub const DEFAULT_LIST_LIMIT: u32 = 100;
+pub const MAX_LIST_LIMIT: u32 = 1000;
+
+/// One byte above every character allowed in a path: `prefix + "{"` bounds a subtree.
+const ABOVE_PATH_CHARS: char = '{';
+
+#[derive(Debug, Clone, Default)]
+pub struct ListOptions {
+    pub limit: Option<u32>,
+    pub cursor: Option<String>,
+    pub reverse: bool,
+    pub shallow: bool,
+}
+
+/// An error reading the request body (client went away, malformed chunking).
+#[derive(Debug, thiserror::Error)]
+#[error("reading the request body: {0}")]
+pub struct BodyError(pub String);
+
+#[derive(Clone)]
+pub struct StorageService {
+    metadata: Arc<dyn MetadataStore>,
+    blobs: BlobStore,
+    limits: StorageLimits,
+}
+
+/// The outcome of streaming a body somewhere.
+struct Streamed {
+    size: u64,
+    sha256: BodyHash,
+    blake3: [u8; 32],
+}
+
+impl StorageService {
+    pub fn new(metadata: Arc<dyn MetadataStore>, blobs: BlobStore, limits: StorageLimits) -> Self {
+        Self {
+            metadata,
+            blobs,
+            limits,
+        }
+    }
+
+    pub fn limits(&self) -> StorageLimits {
+        self.limits
+    }
+
+    /// Stores a value. `declared_len` is the Content-Length, when the client sent one.
+    pub async fn put<S>(
+        &self,
+        header: &AuthHeader,
+        target: &SignedTarget<'_>,
+        path: &StoragePath,
+        declared_len: Option<u64>,
+        body: S,
+    ) -> Result<PutResult, ServiceError>
+    where
+        S: Stream<Item = Result<Bytes, BodyError>> + Send + Unpin,
+    {
+        let max = self.limits.max_value_bytes;
+        if declared_len.is_some_and(|len| len > max) {
+            // Refused before reading: the signature cannot be checked without the body,
+            // but the answer reveals nothing about the account.
+            return Err(ServiceError::PayloadTooLarge { limit: max });
+        }
+        let user = header.public_key.to_z32();
+        let context = self.metadata.write_context(&user, path.as_str()).await?;
+        let refusal = match &context.user {
+            None => Some(ServiceError::Forbidden(
+                "this key has not signed up on this homeserver".into(),
+            )),
+            Some(u) if u.disabled => Some(ServiceError::Forbidden("account disabled".into())),
+            Some(u) => declared_len.and_then(|len| {
+                let quota = u.quota_bytes.unwrap_or(self.limits.quota_bytes);
+                let old = context.existing_size.unwrap_or(0);
+                let new_used = u.used_bytes.saturating_sub(old) + len;
+                (quota != 0 && len > old && new_used > quota).then(|| ServiceError::QuotaExceeded {
+                    used: u.used_bytes,
+                    quota,
+                    needed: len - old,
+                })
+            }),
+        };
+        if let Some(refusal) = refusal {
+            // Hash the body without storing it, so a forged request still gets 401
+            // (credentials come before permission and quota).
+            let streamed = stream_into(body, max, None).await?;
+            auth::verify(header, target, &streamed.sha256)?;
+            return Err(refusal);
+        }
+
+        let blob_key = BlobStore::new_key(&user);
+        let mut writer = self.blobs.writer(&blob_key);
+        let streamed = match stream_into(body, max, Some(&mut writer)).await {
+            Ok(s) => s,
+            Err(e) => {
+                writer.abort().await;
+                return Err(e);
+            }
+        };
+        if let Err(e) = auth::verify(header, target, &streamed.sha256) {
+            writer.abort().await;
+            return Err(e);
+        }
+        writer.finish().await?;
+
+        let now = now_secs();
+        let outcome = self
+            .metadata
+            .commit_put(
+                NewEntry {
+                    user: &user,
+                    path: path.as_str(),
+                    blob_key: &blob_key,
+                    size: streamed.size,
+                    content_hash: streamed.blake3,
+                    now,
+                    default_quota: self.limits.quota_bytes,
+                },
+                auth::replay_mark(header),
+            )
+            .await;
+        let error = match outcome {
+            Ok(PutOutcome::Committed {
+                created_at,
+                replaced_blob,
+            }) => {
+                if let Some(old) = replaced_blob {
+                    self.delete_blob_later(old);
+                }
+                return Ok(PutResult {
+                    path: path.to_string(),
+                    size: streamed.size,
+                    created_at,
+                });
+            }
+            Ok(PutOutcome::QuotaExceeded { used, quota }) => ServiceError::QuotaExceeded {
+                used,
+                quota,
+                needed: streamed.size,
+            },
+            Ok(PutOutcome::Replayed) => auth::replayed(),
+            Ok(PutOutcome::UnknownUser) => {
+                ServiceError::Forbidden("this key has not signed up on this homeserver".into())
+            }
+            Err(e) => e.into(),
+        };
+        // Nothing points at the new blob: drop it (a crash here leaves it to the sweep).
+        self.delete_blob_later(blob_key);
+        Err(error)
+    }
+
+    fn delete_blob_later(&self, key: String) {
+        let blobs = self.blobs.clone();
+        tokio::spawn(async move {
+            if let Err(e) = blobs.delete(&key).await {
+                tracing::warn!(blob = %key, error = %e, "could not delete an unreferenced blob; the sweep will");
+            }
+        });
+    }
+
+    /// Metadata of one entry.
+    pub async fn entry(&self, space: &PublicKey, path: &StoragePath) -> Result<EntryRecord, ServiceError> {
+        self.metadata
+            .entry(&space.to_z32(), path.as_str())
+            .await?
+            .ok_or_else(|| not_found(path))
+    }
+
+    /// Opens an entry's bytes. A concurrent overwrite may delete the blob between the
+    /// metadata read and the open; then the entry is read again (a few times at most).
+    pub async fn open(
+        &self,
+        space: &PublicKey,
+        path: &StoragePath,
+        mut record: EntryRecord,
+    ) -> Result<(EntryRecord, futures_util::stream::BoxStream<'static, Result<Bytes, BlobError>>), ServiceError>
+    {
+        for _ in 0..3 {
+            match self.blobs.get(&record.blob_key).await {
+                Ok(stream) => return Ok((record, stream)),
+                Err(BlobError::NotFound(_)) => {
+                    let again = self.entry(space, path).await?;
+                    if again.blob_key == record.blob_key {
+                        return Err(ServiceError::Internal(format!(
+                            "entry {path} points at missing blob {}",
+                            record.blob_key
+                        )));
+                    }
+                    record = again;
+                }
+                Err(e) => return Err(e.into()),
+            }
+        }
+        Err(ServiceError::Unavailable(format!(
+            "{path} is being overwritten too fast to read; retry"
+        )))
+    }
+
+    pub async fn delete(
+        &self,
+        header: &AuthHeader,
+        target: &SignedTarget<'_>,
+        path: &StoragePath,
+    ) -> Result<DeleteResult, ServiceError> {
+        auth::verify(header, target, &BodyHash::empty())?;
+        let user = header.public_key.to_z32();
+        match self.metadata.user(&user).await? {
+            None => {
+                return Err(ServiceError::Forbidden(
+                    "this key has not signed up on this homeserver".into(),
+                ));
+            }
+            Some(u) if u.disabled => return Err(ServiceError::Forbidden("account disabled".into())),
+            Some(_) => {}
+        }
+        let now = now_secs();
+        match self
+            .metadata
+            .commit_delete(&user, path.as_str(), now, auth::replay_mark(header))
+            .await?
+        {
+            DeleteOutcome::Deleted { blob_key } => {
+                self.delete_blob_later(blob_key);
+                Ok(DeleteResult {
+                    path: path.to_string(),
+                    deleted_at: now,
+                })
+            }
+            DeleteOutcome::NotFound => Err(not_found(path)),
+            DeleteOutcome::Replayed => Err(auth::replayed()),
+        }
+    }
+
+    /// Lists entries under `prefix` (a path ending in `/`).
+    pub async fn list(
+        &self,
+        space: &PublicKey,
+        prefix: &StoragePath,
+        options: ListOptions,
+    ) -> Result<ListResult, ServiceError> {
+        let limit = match options.limit {
+            None => DEFAULT_LIST_LIMIT,
+            Some(l) if (1..=MAX_LIST_LIMIT).contains(&l) => l,
+            Some(l) => {
+                return Err(ServiceError::BadRequest(format!(
+                    "limit must be between 1 and {MAX_LIST_LIMIT}, got {l}"
+                )));
+            }
+        };
+        let prefix = prefix.as_str();
+        let resume = options
+            .cursor
+            .as_deref()
+            .map(|c| decode_cursor(c, prefix))
+            .transpose()?;
+        let user = space.to_z32();
+        let subtree_end = format!("{prefix}{ABOVE_PATH_CHARS}");
+        // Exclusive bounds of what is still to be listed.
+        let (mut after, mut before) = (prefix.to_owned(), subtree_end);
+        if let Some(last) = &resume {
+            if options.reverse {
+                before = last.clone();
+            } else if last.ends_with('/') {
+                after = format!("{last}{ABOVE_PATH_CHARS}");
+            } else {
+                after = last.clone();
+            }
+        }
+
+        // One more than the page, to know has_more exactly.
+        let want = limit as usize + 1;
+        let mut items: Vec<ListEntry> = Vec::with_capacity(want.min(128));
+        'fetch: while items.len() < want {
+            let rows = self
+                .metadata
+                .entries(EntryRange {
+                    user: &user,
+                    after: &after,
+                    before: &before,
+                    descending: options.reverse,
+                    limit: u32::try_from(want - items.len()).unwrap_or(u32::MAX),
+                })
+                .await?;
+            let full_batch = rows.len() == want - items.len();
+            for row in rows {
+                let rest = &row.path[prefix.len()..];
+                match rest.find('/').filter(|_| options.shallow) {
+                    Some(slash) => {
+                        // A sub-folder: list it once and skip past its contents.
+                        let folder = format!("{prefix}{}", &rest[..=slash]);
+                        if options.reverse {
+                            before = folder.clone();
+                        } else {
+                            after = format!("{folder}{ABOVE_PATH_CHARS}");
+                        }
+                        items.push(ListEntry {
+                            path: folder,
+                            size: None,
+                            created_at: None,
+                            updated_at: None,
+                        });
+                        continue 'fetch;
+                    }
+                    None => {
+                        if options.reverse {
+                            before = row.path.clone();
+                        } else {
+                            after = row.path.clone();
+                        }
+                        items.push(ListEntry {
+                            path: row.path,
+                            size: Some(row.size),
+                            created_at: Some(row.created_at),
+                            updated_at: Some(row.updated_at),
+                        });
+                    }
+                }
+            }
+            if !full_batch {
+                break;
+            }
+        }
+        let has_more = items.len() > limit as usize;
+        items.truncate(limit as usize);
+        let cursor = items.last().map(|e| URL_SAFE_NO_PAD.encode(&e.path));
+        Ok(ListResult {
+            entries: items,
+            cursor,
+            has_more,
+        })
+    }
+}
+
+fn not_found(path: &StoragePath) -> ServiceError {
+    ServiceError::NotFound(format!("no entry at {path}"))
+}
+
+fn decode_cursor(cursor: &str, prefix: &str) -> Result<String, ServiceError> {
+    let invalid = || ServiceError::BadRequest("invalid cursor for this listing".into());
+    let bytes = URL_SAFE_NO_PAD.decode(cursor).map_err(|_| invalid())?;
+    let path = String::from_utf8(bytes).map_err(|_| invalid())?;
+    if !path.starts_with(prefix) || path.len() == prefix.len() || StoragePath::parse(&path).is_err() {
+        return Err(invalid());
+    }
+    Ok(path)
+}
+
+/// Streams `body` into `writer` (or nowhere), hashing and counting, refusing more than
+/// `max` bytes.
+async fn stream_into<S>(
+    mut body: S,
+    max: u64,
+    mut writer: Option<&mut crate::persistence::BlobWriter>,
+) -> Result<Streamed, ServiceError>
+where
+    S: Stream<Item = Result<Bytes, BodyError>> + Send + Unpin,
+{
+    let mut sha = Sha256::new();
+    let mut blake = blake3::Hasher::new();
+    let mut size: u64 = 0;
+    while let Some(chunk) = body.next().await {
+        let chunk = chunk.map_err(|e| ServiceError::BadRequest(e.to_string()))?;
+        size += chunk.len() as u64;
+        if size > max {
+            return Err(ServiceError::PayloadTooLarge { limit: max });
+        }
+        sha.update(&chunk);
+        blake.update(&chunk);
+        if let Some(w) = writer.as_deref_mut() {
+            w.write(chunk).await?;
+        }
+    }
+    Ok(Streamed {
+        size,
+        sha256: BodyHash::from_hasher(sha),
+        blake3: *blake.finalize().as_bytes(),
+    })
+}
