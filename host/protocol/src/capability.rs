@@ -124,7 +124,10 @@ mod tests {
         for s in ["read:/pub/", "write:/pub/app/", "*:/pub/a.txt"] {
             assert_eq!(cap(s).to_string(), s);
         }
-        assert_eq!("admin:/pub/".parse::<Capability>(), Err(CapabilityError::Action));
+        assert_eq!(
+            "admin:/pub/".parse::<Capability>(),
+            Err(CapabilityError::Action)
+        );
         assert_eq!("read".parse::<Capability>(), Err(CapabilityError::Shape));
         assert_eq!(
             "read:/etc/".parse::<Capability>(),

@@ -199,7 +199,10 @@ mod tests {
                 && bytes.get(..32) == Some(Keypair::from_seed(&[1; 32]).public_key().as_bytes())
             {
                 found_alias = true;
-                assert!(alias.parse::<PublicKey>().is_err(), "alias {alias} accepted");
+                assert!(
+                    alias.parse::<PublicKey>().is_err(),
+                    "alias {alias} accepted"
+                );
             }
         }
         let _ = found_alias;

@@ -79,7 +79,9 @@ pub enum AuthHeaderError {
 
 #[derive(Debug, thiserror::Error, PartialEq, Eq)]
 pub enum VerifyError {
-    #[error("request timestamp is {skew} s away from the server's clock (at most {MAX_CLOCK_SKEW_SECS} s allowed)")]
+    #[error(
+        "request timestamp is {skew} s away from the server's clock (at most {MAX_CLOCK_SKEW_SECS} s allowed)"
+    )]
     ClockSkew { skew: u64 },
     #[error("signature does not match the request")]
     BadSignature,
@@ -128,7 +130,9 @@ impl AuthHeader {
             return Err(AuthHeaderError::Shape);
         };
         let public_key: PublicKey = key.parse()?;
-        let sig_bytes = STANDARD.decode(sig).map_err(|_| AuthHeaderError::Signature)?;
+        let sig_bytes = STANDARD
+            .decode(sig)
+            .map_err(|_| AuthHeaderError::Signature)?;
         let sig_bytes: [u8; 64] = sig_bytes
             .try_into()
             .map_err(|_| AuthHeaderError::Signature)?;
@@ -225,11 +229,26 @@ mod tests {
     fn tampering_is_detected() {
         let header = signed("PUT", "/pub/a.txt?x=1", b"hello");
         let ok = |m: &str, t: &str, b: &[u8]| header.verify(m, t, &BodyHash::of(b), NOW);
-        assert_eq!(ok("PUT", "/pub/a.txt?x=1", b"hellO"), Err(VerifyError::BadSignature));
-        assert_eq!(ok("PUT", "/pub/b.txt?x=1", b"hello"), Err(VerifyError::BadSignature));
-        assert_eq!(ok("PUT", "/pub/a.txt?x=2", b"hello"), Err(VerifyError::BadSignature));
-        assert_eq!(ok("PUT", "/pub/a.txt", b"hello"), Err(VerifyError::BadSignature));
-        assert_eq!(ok("POST", "/pub/a.txt?x=1", b"hello"), Err(VerifyError::BadSignature));
+        assert_eq!(
+            ok("PUT", "/pub/a.txt?x=1", b"hellO"),
+            Err(VerifyError::BadSignature)
+        );
+        assert_eq!(
+            ok("PUT", "/pub/b.txt?x=1", b"hello"),
+            Err(VerifyError::BadSignature)
+        );
+        assert_eq!(
+            ok("PUT", "/pub/a.txt?x=2", b"hello"),
+            Err(VerifyError::BadSignature)
+        );
+        assert_eq!(
+            ok("PUT", "/pub/a.txt", b"hello"),
+            Err(VerifyError::BadSignature)
+        );
+        assert_eq!(
+            ok("POST", "/pub/a.txt?x=1", b"hello"),
+            Err(VerifyError::BadSignature)
+        );
         assert_eq!(ok("PUT", "/pub/a.txt?x=1", b"hello"), Ok(()));
     }
 

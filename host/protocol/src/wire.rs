@@ -52,7 +52,9 @@ pub fn is_signup_token(token: &str) -> bool {
     let groups: Vec<&str> = token.split('-').collect();
     groups.len() == 3
         && groups.iter().all(|g| {
-            g.len() == 4 && g.bytes().all(|b| b.is_ascii_uppercase() || (b'2'..=b'7').contains(&b))
+            g.len() == 4
+                && g.bytes()
+                    .all(|b| b.is_ascii_uppercase() || (b'2'..=b'7').contains(&b))
         })
 }
 
@@ -63,7 +65,14 @@ mod tests {
     #[test]
     fn signup_token_format() {
         assert!(is_signup_token("ABCD-EFGH-2345"));
-        for bad in ["abcd-efgh-2345", "ABCD-EFGH-2341", "ABCDEFGH2345", "ABCD-EFGH", "ABC-DEFG-HIJK", ""] {
+        for bad in [
+            "abcd-efgh-2345",
+            "ABCD-EFGH-2341",
+            "ABCDEFGH2345",
+            "ABCD-EFGH",
+            "ABC-DEFG-HIJK",
+            "",
+        ] {
             assert!(!is_signup_token(bad), "{bad}");
         }
     }

@@ -3,9 +3,9 @@
 use std::process::ExitCode;
 
 use clap::Parser;
+use homeserver::Homeserver;
 use homeserver::cli::Cli;
 use homeserver::config::{Config, LogFormat};
-use homeserver::Homeserver;
 use tracing_subscriber::EnvFilter;
 
 #[tokio::main]

@@ -64,6 +64,9 @@ mod tests {
             assert_eq!(mode & 0o777, 0o600);
         }
         std::fs::write(&path, "nonsense").unwrap();
-        assert!(matches!(load_or_create(&path), Err(ServerKeyError::Format { .. })));
+        assert!(matches!(
+            load_or_create(&path),
+            Err(ServerKeyError::Format { .. })
+        ));
     }
 }

@@ -52,7 +52,7 @@ pub fn credentials(headers: &HeaderMap) -> Result<Credentials, ApiError> {
         return Ok(Credentials::Session(token.trim().to_owned()));
     }
     AuthHeader::parse(value)
-        .map(Credentials::Signed)
+        .map(|h| Credentials::Signed(Box::new(h)))
         .map_err(|e| invalid(e.to_string()))
 }
 

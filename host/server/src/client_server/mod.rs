@@ -27,5 +27,9 @@ pub fn router(app: AppState) -> Router {
 }
 
 async fn method_not_allowed() -> Response {
-    ApiError::new(ErrorCode::MethodNotAllowed, "method not allowed on this endpoint").into_response()
+    ApiError::new(
+        ErrorCode::MethodNotAllowed,
+        "method not allowed on this endpoint",
+    )
+    .into_response()
 }

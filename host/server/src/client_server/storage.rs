@@ -2,12 +2,12 @@
 //! is a listing (GET only). HTTP concerns live here (headers, conditional requests,
 //! streaming bodies); the rules are in `service::storage`.
 
+use axum::Json;
 use axum::body::Body;
 use axum::extract::{Request, State};
 use axum::http::request::Parts;
 use axum::http::{HeaderMap, HeaderValue, Method, StatusCode, Uri, header};
 use axum::response::{IntoResponse, Response};
-use axum::Json;
 use base64::Engine;
 use base64::engine::general_purpose::STANDARD;
 use futures_util::TryStreamExt;
@@ -42,7 +42,10 @@ async fn dispatch(app: AppState, request: Request) -> Result<Response, ApiError>
         Method::DELETE => delete(app, parts, path).await,
         _ => Err(ApiError::new(
             ErrorCode::MethodNotAllowed,
-            format!("{} is not allowed here; use GET, HEAD, PUT or DELETE", parts.method),
+            format!(
+                "{} is not allowed here; use GET, HEAD, PUT or DELETE",
+                parts.method
+            ),
         )),
     }
 }
@@ -138,7 +141,9 @@ fn list_options(uri: &Uri) -> Result<ListOptions, ApiError> {
         match key.as_str() {
             "limit" => {
                 options.limit = Some(value.parse().map_err(|_| {
-                    bad(format!("limit must be an integer from 1 to 1000, got `{value}`"))
+                    bad(format!(
+                        "limit must be an integer from 1 to 1000, got `{value}`"
+                    ))
                 })?);
             }
             "cursor" => options.cursor = Some(value),

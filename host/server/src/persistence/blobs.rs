@@ -156,12 +156,12 @@ fn remove_staging_files(dir: &FsPath, min_age: Duration) -> u64 {
             continue;
         }
         let name = item.file_name();
-        let is_staging = name
-            .to_str()
-            .and_then(|n| n.rsplit_once('#'))
-            .is_some_and(|(_, suffix)| {
-                !suffix.is_empty() && suffix.bytes().all(|b| b.is_ascii_digit())
-            });
+        let is_staging =
+            name.to_str()
+                .and_then(|n| n.rsplit_once('#'))
+                .is_some_and(|(_, suffix)| {
+                    !suffix.is_empty() && suffix.bytes().all(|b| b.is_ascii_digit())
+                });
         let old_enough = item
             .metadata()
             .and_then(|m| m.modified())

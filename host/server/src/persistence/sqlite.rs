@@ -45,9 +45,8 @@ impl SqliteStore {
         if let Some(parent) = options.get_filename().parent()
             && !parent.as_os_str().is_empty()
         {
-            std::fs::create_dir_all(parent).map_err(|e| {
-                StoreError::Internal(format!("creating {}: {e}", parent.display()))
-            })?;
+            std::fs::create_dir_all(parent)
+                .map_err(|e| StoreError::Internal(format!("creating {}: {e}", parent.display())))?;
         }
         let writer = SqlitePoolOptions::new()
             .max_connections(1)
@@ -271,7 +270,10 @@ impl MetadataStore for SqliteStore {
         .fetch_optional(&self.reader)
         .await
         .map_err(map_err)?;
-        row.as_ref().map(entry_from_row).transpose().map_err(map_err)
+        row.as_ref()
+            .map(entry_from_row)
+            .transpose()
+            .map_err(map_err)
     }
 
     async fn entries(&self, range: EntryRange<'_>) -> Result<Vec<EntryRecord>, StoreError> {
@@ -309,15 +311,22 @@ impl MetadataStore for SqliteStore {
         .fetch_optional(&mut *tx)
         .await
         .map_err(map_err)?;
-        let Some(user) = user.as_ref().map(user_from_row).transpose().map_err(map_err)? else {
+        let Some(user) = user
+            .as_ref()
+            .map(user_from_row)
+            .transpose()
+            .map_err(map_err)?
+        else {
             return Ok(PutOutcome::UnknownUser);
         };
-        let old = sqlx::query("SELECT blob_key, size, created_at FROM entries WHERE user = ? AND path = ?")
-            .bind(entry.user)
-            .bind(entry.path)
-            .fetch_optional(&mut *tx)
-            .await
-            .map_err(map_err)?;
+        let old = sqlx::query(
+            "SELECT blob_key, size, created_at FROM entries WHERE user = ? AND path = ?",
+        )
+        .bind(entry.user)
+        .bind(entry.path)
+        .fetch_optional(&mut *tx)
+        .await
+        .map_err(map_err)?;
         let (replaced_blob, old_size, created_at) = match &old {
             Some(row) => (
                 Some(row.try_get::<String, _>("blob_key").map_err(map_err)?),
@@ -387,14 +396,13 @@ impl MetadataStore for SqliteStore {
         if !mark_signature(&mut tx, replay).await.map_err(map_err)? {
             return Ok(DeleteOutcome::Replayed);
         }
-        let old = sqlx::query(
-            "DELETE FROM entries WHERE user = ? AND path = ? RETURNING blob_key, size",
-        )
-        .bind(user)
-        .bind(path)
-        .fetch_optional(&mut *tx)
-        .await
-        .map_err(map_err)?;
+        let old =
+            sqlx::query("DELETE FROM entries WHERE user = ? AND path = ? RETURNING blob_key, size")
+                .bind(user)
+                .bind(path)
+                .fetch_optional(&mut *tx)
+                .await
+                .map_err(map_err)?;
         let Some(old) = old else {
             // Keep the replay mark: the signed request was accepted and answered.
             tx.commit().await.map_err(map_err)?;

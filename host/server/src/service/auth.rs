@@ -13,7 +13,7 @@ use crate::persistence::metadata::ReplayMark;
 #[derive(Debug, Clone)]
 pub enum Credentials {
     None,
-    Signed(AuthHeader),
+    Signed(Box<AuthHeader>),
     /// A session token (`Bearer`).
     Session(String),
 }
@@ -106,9 +106,7 @@ pub fn authorize_read(
     is_private_path: bool,
 ) -> Result<ReadAccess, ServiceError> {
     let access = match (credentials, host) {
-        (Credentials::Signed(h), Some(host)) if &h.public_key != host => {
-            ReadAccess::Public(*host)
-        }
+        (Credentials::Signed(h), Some(host)) if &h.public_key != host => ReadAccess::Public(*host),
         (Credentials::Signed(h), _) => {
             verify(h, target, &BodyHash::empty())?;
             ReadAccess::Owner(h.public_key)

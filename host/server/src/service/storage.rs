@@ -192,7 +192,11 @@ impl StorageService {
     }
 
     /// Metadata of one entry.
-    pub async fn entry(&self, space: &PublicKey, path: &StoragePath) -> Result<EntryRecord, ServiceError> {
+    pub async fn entry(
+        &self,
+        space: &PublicKey,
+        path: &StoragePath,
+    ) -> Result<EntryRecord, ServiceError> {
         self.metadata
             .entry(&space.to_z32(), path.as_str())
             .await?
@@ -206,8 +210,13 @@ impl StorageService {
         space: &PublicKey,
         path: &StoragePath,
         mut record: EntryRecord,
-    ) -> Result<(EntryRecord, futures_util::stream::BoxStream<'static, Result<Bytes, BlobError>>), ServiceError>
-    {
+    ) -> Result<
+        (
+            EntryRecord,
+            futures_util::stream::BoxStream<'static, Result<Bytes, BlobError>>,
+        ),
+        ServiceError,
+    > {
         for _ in 0..3 {
             match self.blobs.get(&record.blob_key).await {
                 Ok(stream) => return Ok((record, stream)),
@@ -243,7 +252,9 @@ impl StorageService {
                     "this key has not signed up on this homeserver".into(),
                 ));
             }
-            Some(u) if u.disabled => return Err(ServiceError::Forbidden("account disabled".into())),
+            Some(u) if u.disabled => {
+                return Err(ServiceError::Forbidden("account disabled".into()));
+            }
             Some(_) => {}
         }
         let now = now_secs();
@@ -372,7 +383,8 @@ fn decode_cursor(cursor: &str, prefix: &str) -> Result<String, ServiceError> {
     let invalid = || ServiceError::BadRequest("invalid cursor for this listing".into());
     let bytes = URL_SAFE_NO_PAD.decode(cursor).map_err(|_| invalid())?;
     let path = String::from_utf8(bytes).map_err(|_| invalid())?;
-    if !path.starts_with(prefix) || path.len() == prefix.len() || StoragePath::parse(&path).is_err() {
+    if !path.starts_with(prefix) || path.len() == prefix.len() || StoragePath::parse(&path).is_err()
+    {
         return Err(invalid());
     }
     Ok(path)

@@ -1,0 +1,181 @@
+//! `TestHost`: a real homeserver in this process on a random port with a throwaway data
+//! dir, plus helpers that sign requests exactly as DESIGN.md says.
+
+use std::time::{SystemTime, UNIX_EPOCH};
+
+use homeserver::{Config, Homeserver};
+use homeserver_protocol::{AuthHeader, BodyHash, ErrorBody, ErrorCode, Keypair};
+use reqwest::{Method, RequestBuilder, Response, StatusCode};
+use tempfile::TempDir;
+
+pub struct TestHost {
+    server: Option<Homeserver>,
+    pub url: String,
+    pub http: reqwest::Client,
+    pub dir: TempDir,
+}
+
+pub fn now() -> u64 {
+    SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .unwrap()
+        .as_secs()
+}
+
+/// A config for a throwaway server under `dir`.
+pub fn test_config(dir: &std::path::Path) -> Config {
+    let mut config = Config::defaults();
+    config.http.listen = "127.0.0.1:0".parse().unwrap();
+    config.storage.database_url = format!("sqlite://{}/hs.db", dir.display());
+    config.storage.blobs = format!("file://{}/blobs", dir.display());
+    config.keys.secret_key_file = dir.join("server.key");
+    config.policies.dir = dir.join("policies");
+    config
+}
+
+impl TestHost {
+    pub async fn start() -> Self {
+        Self::start_with(|_| {}).await
+    }
+
+    pub async fn start_with(adjust: impl FnOnce(&mut Config)) -> Self {
+        let dir = tempfile::tempdir().unwrap();
+        let mut config = test_config(dir.path());
+        adjust(&mut config);
+        Self::start_in(dir, config).await
+    }
+
+    pub async fn start_in(dir: TempDir, config: Config) -> Self {
+        let server = Homeserver::start(config).await.expect("server starts");
+        let url = format!("http://{}", server.http_addr());
+        Self {
+            server: Some(server),
+            url,
+            http: reqwest::Client::new(),
+            dir,
+        }
+    }
+
+    pub fn server(&self) -> &Homeserver {
+        self.server.as_ref().unwrap()
+    }
+
+    /// Stops the server and hands back its data dir, to restart on the same data.
+    pub async fn stop(mut self) -> TempDir {
+        if let Some(server) = self.server.take() {
+            server.shutdown().await;
+        }
+        self.dir
+    }
+
+    pub fn request(&self, method: Method, target: &str) -> RequestBuilder {
+        self.http.request(method, format!("{}{}", self.url, target))
+    }
+
+    /// A request signed by `key` now.
+    pub fn signed(
+        &self,
+        key: &Keypair,
+        method: Method,
+        target: &str,
+        body: &[u8],
+    ) -> RequestBuilder {
+        self.signed_at(key, method, target, body, now())
+    }
+
+    pub fn signed_at(
+        &self,
+        key: &Keypair,
+        method: Method,
+        target: &str,
+        body: &[u8],
+        timestamp: u64,
+    ) -> RequestBuilder {
+        let header = AuthHeader::sign(key, method.as_str(), target, timestamp, &BodyHash::of(body));
+        self.request(method, target)
+            .header("Authorization", header.to_header_value())
+            .body(body.to_vec())
+    }
+
+    /// A new user, signed up.
+    pub async fn user(&self) -> Keypair {
+        let key = Keypair::random();
+        let r = self
+            .signed(&key, Method::POST, "/signup", b"")
+            .send()
+            .await
+            .unwrap();
+        assert_eq!(
+            r.status(),
+            StatusCode::CREATED,
+            "{}",
+            r.text().await.unwrap()
+        );
+        key
+    }
+
+    pub async fn put(&self, key: &Keypair, path: &str, body: &[u8]) -> Response {
+        self.signed(key, Method::PUT, path, body)
+            .send()
+            .await
+            .unwrap()
+    }
+
+    pub async fn get(&self, key: &Keypair, path: &str) -> Response {
+        self.signed(key, Method::GET, path, b"")
+            .send()
+            .await
+            .unwrap()
+    }
+
+    pub async fn delete(&self, key: &Keypair, path: &str) -> Response {
+        self.signed(key, Method::DELETE, path, b"")
+            .send()
+            .await
+            .unwrap()
+    }
+
+    pub async fn public_get(&self, owner: &Keypair, path: &str) -> Response {
+        self.request(Method::GET, path)
+            .header("Pubky-Host", owner.public_key().to_z32())
+            .send()
+            .await
+            .unwrap()
+    }
+}
+
+/// Asserts a JSON error answer with this status and code; returns the body.
+pub async fn expect_error(response: Response, status: u16, code: ErrorCode) -> ErrorBody {
+    let got = response.status().as_u16();
+    let content_type = response
+        .headers()
+        .get("content-type")
+        .map(|v| v.to_str().unwrap().to_owned());
+    let text = response.text().await.unwrap();
+    assert_eq!(got, status, "status (body: {text})");
+    assert_eq!(content_type.as_deref(), Some("application/json"), "{text}");
+    let body: ErrorBody = serde_json::from_str(&text).unwrap_or_else(|e| panic!("{e}: {text}"));
+    assert_eq!(body.error, code, "{text}");
+    assert!(!body.message.is_empty());
+    body
+}
+
+pub async fn expect_ok_json<T: serde::de::DeserializeOwned>(response: Response) -> T {
+    let status = response.status();
+    let text = response.text().await.unwrap();
+    assert!(status.is_success(), "status {status}: {text}");
+    serde_json::from_str(&text).unwrap_or_else(|e| panic!("{e}: {text}"))
+}
+
+/// Sends raw bytes to the server and returns the whole answer (for requests that HTTP
+/// client libraries would normalize).
+pub async fn raw_request(host: &TestHost, request: &str) -> String {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    let mut stream = tokio::net::TcpStream::connect(host.server().http_addr())
+        .await
+        .unwrap();
+    stream.write_all(request.as_bytes()).await.unwrap();
+    let mut answer = Vec::new();
+    stream.read_to_end(&mut answer).await.unwrap();
+    String::from_utf8_lossy(&answer).into_owned()
+}

@@ -1,0 +1,205 @@
+//! Value size limit (413) and per-user quota (507), and their precedence.
+
+use homeserver_protocol::ErrorCode;
+use homeserver_protocol::wire::PutResult;
+use reqwest::Method;
+
+use crate::fixture::*;
+
+#[tokio::test]
+async fn size_limit_with_content_length() {
+    let host = TestHost::start_with(|c| c.storage.max_value_bytes = 1000).await;
+    let alice = host.user().await;
+    expect_ok_json::<PutResult>(host.put(&alice, "/pub/ok", &[1; 1000]).await).await;
+    let e = expect_error(
+        host.put(&alice, "/pub/big", &[1; 1001]).await,
+        413,
+        ErrorCode::PayloadTooLarge,
+    )
+    .await;
+    assert_eq!(e.details["max_value_bytes"], 1000);
+    expect_error(host.get(&alice, "/pub/big").await, 404, ErrorCode::NotFound).await;
+}
+
+#[tokio::test]
+async fn size_limit_without_content_length_counts_the_stream() {
+    let host = TestHost::start_with(|c| c.storage.max_value_bytes = 100_000).await;
+    let alice = host.user().await;
+    let body = vec![7u8; 150_000];
+    // A chunked body: no Content-Length, so the server must count while streaming.
+    let chunks: Vec<Result<Vec<u8>, std::io::Error>> =
+        body.chunks(10_000).map(|c| Ok(c.to_vec())).collect();
+    let stream = futures_util::stream::iter(chunks);
+    let header = homeserver_protocol::AuthHeader::sign(
+        &alice,
+        "PUT",
+        "/pub/chunked",
+        now(),
+        &homeserver_protocol::BodyHash::of(&body),
+    );
+    let r = host
+        .request(Method::PUT, "/pub/chunked")
+        .header("Authorization", header.to_header_value())
+        .body(reqwest::Body::wrap_stream(stream))
+        .send()
+        .await
+        .unwrap();
+    expect_error(r, 413, ErrorCode::PayloadTooLarge).await;
+    expect_error(
+        host.get(&alice, "/pub/chunked").await,
+        404,
+        ErrorCode::NotFound,
+    )
+    .await;
+
+    // Within the limit, chunked works.
+    let small = vec![3u8; 50_000];
+    let chunks: Vec<Result<Vec<u8>, std::io::Error>> =
+        small.chunks(7_000).map(|c| Ok(c.to_vec())).collect();
+    let header = homeserver_protocol::AuthHeader::sign(
+        &alice,
+        "PUT",
+        "/pub/chunked",
+        now(),
+        &homeserver_protocol::BodyHash::of(&small),
+    );
+    let r = host
+        .request(Method::PUT, "/pub/chunked")
+        .header("Authorization", header.to_header_value())
+        .body(reqwest::Body::wrap_stream(futures_util::stream::iter(
+            chunks,
+        )))
+        .send()
+        .await
+        .unwrap();
+    let put: PutResult = expect_ok_json(r).await;
+    assert_eq!(put.size, 50_000);
+}
+
+#[tokio::test]
+async fn quota_counts_overwrites_and_deletes() {
+    let host = TestHost::start_with(|c| c.storage.quota_bytes = 1000).await;
+    let alice = host.user().await;
+    expect_ok_json::<PutResult>(host.put(&alice, "/pub/a", &[0; 600]).await).await;
+    // 600 + 500 > 1000.
+    let e = expect_error(
+        host.put(&alice, "/pub/b", &[0; 500]).await,
+        507,
+        ErrorCode::StorageQuotaExceeded,
+    )
+    .await;
+    assert_eq!(e.details["quota_bytes"], 1000);
+    // Overwriting a counts the difference: 900 in all.
+    expect_ok_json::<PutResult>(host.put(&alice, "/pub/a", &[1; 900]).await).await;
+    expect_ok_json::<PutResult>(host.put(&alice, "/pub/b", &[1; 100]).await).await;
+    expect_error(
+        host.put(&alice, "/pub/c", &[1; 1]).await,
+        507,
+        ErrorCode::StorageQuotaExceeded,
+    )
+    .await;
+    // Shrinking and deleting free space.
+    expect_ok_json::<PutResult>(host.put(&alice, "/pub/a", &[2; 100]).await).await;
+    expect_ok_json::<PutResult>(host.put(&alice, "/pub/c", &[2; 800]).await).await;
+    assert_eq!(host.delete(&alice, "/pub/c").await.status(), 200);
+    expect_ok_json::<PutResult>(host.put(&alice, "/pub/d", &[2; 800]).await).await;
+    // The refused writes stored nothing.
+    let used = host
+        .server()
+        .context()
+        .metadata
+        .user(&alice.public_key().to_z32())
+        .await
+        .unwrap()
+        .unwrap()
+        .used_bytes;
+    assert_eq!(used, 100 + 100 + 800);
+}
+
+#[tokio::test]
+async fn zero_quota_is_unlimited() {
+    let host = TestHost::start_with(|c| {
+        c.storage.quota_bytes = 0;
+        c.storage.max_value_bytes = 2_000_000;
+    })
+    .await;
+    let alice = host.user().await;
+    for i in 0..3 {
+        expect_ok_json::<PutResult>(
+            host.put(&alice, &format!("/pub/{i}"), &vec![0; 1_500_000])
+                .await,
+        )
+        .await;
+    }
+}
+
+#[tokio::test]
+async fn precedence_credentials_before_size_and_quota() {
+    let host = TestHost::start_with(|c| c.storage.quota_bytes = 10).await;
+    let alice = host.user().await;
+    // Over quota but the signature is forged: 401, not 507.
+    let header = homeserver_protocol::AuthHeader::sign(
+        &alice,
+        "PUT",
+        "/pub/x",
+        now(),
+        &homeserver_protocol::BodyHash::of(b"something else"),
+    );
+    let r = host
+        .request(Method::PUT, "/pub/x")
+        .header("Authorization", header.to_header_value())
+        .body(vec![0u8; 50])
+        .send()
+        .await
+        .unwrap();
+    expect_error(r, 401, ErrorCode::InvalidSignature).await;
+    // Genuine and over quota: 507.
+    expect_error(
+        host.put(&alice, "/pub/x", &[0; 50]).await,
+        507,
+        ErrorCode::StorageQuotaExceeded,
+    )
+    .await;
+    // Invalid path beats missing credentials.
+    let r = host
+        .request(Method::PUT, "/pub/a b")
+        .body("x")
+        .send()
+        .await
+        .unwrap();
+    expect_error(r, 400, ErrorCode::InvalidPath).await;
+}
+
+#[tokio::test]
+async fn orphaned_blobs_are_swept() {
+    let host = TestHost::start().await;
+    let alice = host.user().await;
+    host.put(&alice, "/pub/a", b"one").await;
+    host.put(&alice, "/pub/a", b"two").await; // the first blob becomes garbage
+    // Plant an orphan and a staging file as a crash would leave them.
+    let blobs_dir = host.dir.path().join("blobs");
+    let user_dir = blobs_dir.join(alice.public_key().to_z32());
+    std::fs::write(
+        user_dir.join("0190a0a0-0000-7000-8000-000000000000"),
+        b"orphan",
+    )
+    .unwrap();
+    std::fs::write(
+        user_dir.join("0190a0a0-0000-7000-8000-000000000001#3"),
+        b"partial",
+    )
+    .unwrap();
+    tokio::time::sleep(std::time::Duration::from_millis(100)).await;
+    let ctx = host.server().context();
+    ctx.blobs
+        .sweep(ctx.metadata.as_ref(), std::time::Duration::ZERO)
+        .await
+        .unwrap();
+    let left: Vec<_> = std::fs::read_dir(&user_dir)
+        .unwrap()
+        .map(|e| e.unwrap().file_name())
+        .collect();
+    assert_eq!(left.len(), 1, "only the live blob stays: {left:?}");
+    let r = host.get(&alice, "/pub/a").await;
+    assert_eq!(r.bytes().await.unwrap(), "two");
+}

@@ -1,0 +1,13 @@
+//! Integration tests of the homeserver over real HTTP: one binary, a `TestHost` per test.
+
+#![allow(clippy::unwrap_used)]
+
+mod fixture;
+
+mod auth;
+mod concurrency;
+mod crash;
+mod limits;
+mod listing;
+mod signup;
+mod storage;
