@@ -1,0 +1,598 @@
+//! [`PkClient`]: one homeserver, optionally one user's key pair, and the API operations.
+//!
+//! Flow of every request: validate the path with the protocol's [`StoragePath`], build
+//! the [`RequestTarget`], sign it (own data) or name the owner with `Pubky-Host`
+//! (someone else's public data), send, and turn a non-2xx answer into
+//! [`ClientError::Api`]. Writes get their timestamp from the [`RequestClock`]; a write
+//! the server still refuses as a replay (an identical one from another process in the
+//! same second) is retried once with a later timestamp.
+//!
+//! Bodies are streamed both ways: a file is hashed in a first pass and then streamed
+//! from disk, an arbitrary reader is spooled to an anonymous temporary file, and a GET
+//! hands back a [`GetResponse`] that is read chunk by chunk.
+
+use std::io::{Read, Seek, SeekFrom};
+use std::path::Path;
+use std::sync::Arc;
+use std::time::Duration;
+
+use bytes::Bytes;
+use homeserver_protocol::wire::{DeleteResult, ListEntry, ListResult, PutResult, SignupResult};
+use homeserver_protocol::{AuthHeader, BodyHash, Keypair, PublicKey, StoragePath};
+use reqwest::header::{AUTHORIZATION, CONTENT_LENGTH, CONTENT_TYPE, IF_NONE_MATCH};
+use reqwest::{Method, Response, StatusCode};
+use serde_json::de::from_slice;
+use sha2::{Digest, Sha256};
+use tokio::io::{AsyncRead, AsyncReadExt, AsyncWriteExt};
+use tokio_util::io::ReaderStream;
+use url::Url;
+
+use crate::clock::RequestClock;
+use crate::error::ClientError;
+use crate::response::{EntryMeta, GetResponse};
+use crate::target::{ListOptions, RequestTarget, signup_query};
+
+/// The homeserver a client talks to when none is given.
+pub const DEFAULT_HOMESERVER: &str = "http://127.0.0.1:6286";
+
+/// Header naming whose public data a read is about.
+pub const PUBKY_HOST_HEADER: &str = "pubky-host";
+
+/// Chunk size for hashing, spooling and streaming bodies.
+const CHUNK: usize = 64 * 1024;
+
+/// A client of one homeserver. Cheap to clone; clones share the connection pool and the
+/// write clock.
+#[derive(Debug, Clone)]
+pub struct PkClient {
+    http: reqwest::Client,
+    base: Url,
+    keypair: Option<Keypair>,
+    clock: Arc<RequestClock>,
+}
+
+/// How a read is authorized.
+enum Reader<'a> {
+    /// The caller's own data: signed.
+    Own(&'a Keypair),
+    /// Someone's public data: `Pubky-Host`, no credentials.
+    Public(PublicKey),
+}
+
+/// A request body that can be produced again for a retry.
+enum Payload {
+    Empty,
+    Bytes(Bytes),
+    /// An open file (rewound before each send) and its length.
+    File {
+        file: std::fs::File,
+        len: u64,
+    },
+}
+
+impl Payload {
+    fn body(&self) -> Result<(reqwest::Body, u64), ClientError> {
+        match self {
+            Payload::Empty => Ok((reqwest::Body::from(Bytes::new()), 0)),
+            Payload::Bytes(b) => Ok((reqwest::Body::from(b.clone()), b.len() as u64)),
+            Payload::File { file, len } => {
+                // The clone shares the offset with `file`: rewinding it rewinds both,
+                // which is what a retry needs.
+                let mut file = file
+                    .try_clone()
+                    .map_err(|e| ClientError::io("cannot reopen the body file", e))?;
+                file.seek(SeekFrom::Start(0))
+                    .map_err(|e| ClientError::io("cannot rewind the body file", e))?;
+                let stream = ReaderStream::with_capacity(tokio::fs::File::from_std(file), CHUNK);
+                Ok((reqwest::Body::wrap_stream(stream), *len))
+            }
+        }
+    }
+}
+
+impl PkClient {
+    /// A client of the homeserver at `base_url` (e.g. `http://127.0.0.1:6286`), acting as
+    /// `keypair` when one is given. Without a key pair only public reads work.
+    pub fn new(base_url: &str, keypair: Option<Keypair>) -> Result<Self, ClientError> {
+        let http = reqwest::Client::builder()
+            .user_agent(concat!("pk-client/", env!("CARGO_PKG_VERSION")))
+            .connect_timeout(Duration::from_secs(10))
+            .build()?;
+        Self::with_http_client(http, base_url, keypair)
+    }
+
+    /// Like [`new`](Self::new) with a preconfigured HTTP client (timeouts, proxies, TLS).
+    pub fn with_http_client(
+        http: reqwest::Client,
+        base_url: &str,
+        keypair: Option<Keypair>,
+    ) -> Result<Self, ClientError> {
+        Ok(Self {
+            http,
+            base: parse_base_url(base_url)?,
+            keypair,
+            clock: Arc::new(RequestClock::default()),
+        })
+    }
+
+    pub fn base_url(&self) -> &Url {
+        &self.base
+    }
+
+    pub fn keypair(&self) -> Option<&Keypair> {
+        self.keypair.as_ref()
+    }
+
+    /// The public key this client acts as, when it has a key pair.
+    pub fn public_key(&self) -> Option<PublicKey> {
+        self.keypair.as_ref().map(Keypair::public_key)
+    }
+
+    /// `POST /signup[?signup_token=T]`: registers this client's key with the homeserver.
+    pub async fn signup(&self, token: Option<&str>) -> Result<SignupResult, ClientError> {
+        let query = signup_query(token);
+        let target = RequestTarget::new(&self.base, "/signup", query.as_deref());
+        let response = self
+            .send_write(Method::POST, &target, BodyHash::empty(), &Payload::Empty)
+            .await?;
+        json(response).await
+    }
+
+    /// `PUT path` with a value held in memory.
+    pub async fn put_bytes(
+        &self,
+        path: &str,
+        body: impl Into<Bytes>,
+    ) -> Result<PutResult, ClientError> {
+        let path = entry_path(path)?;
+        let body = body.into();
+        let hash = BodyHash::of(&body);
+        self.put(&path, hash, Payload::Bytes(body)).await
+    }
+
+    /// `PUT path` with the content of a local file, streamed from disk (hashed in a first
+    /// pass, since the signature covers the body's SHA-256).
+    pub async fn put_file(&self, path: &str, file: &Path) -> Result<PutResult, ClientError> {
+        let path = entry_path(path)?;
+        let shown = file.display().to_string();
+        let opened = std::fs::File::open(file)
+            .map_err(|e| ClientError::io(format!("cannot open {shown}"), e))?;
+        let (opened, hash, len) = tokio::task::spawn_blocking(move || hash_file(opened))
+            .await
+            .map_err(|e| ClientError::io(format!("cannot read {shown}"), std::io::Error::other(e)))?
+            .map_err(|e| ClientError::io(format!("cannot read {shown}"), e))?;
+        self.put(&path, hash, Payload::File { file: opened, len })
+            .await
+    }
+
+    /// `PUT path` with everything `reader` yields (e.g. standard input). The input is
+    /// spooled to an anonymous temporary file first, because the body hash must be known
+    /// before the request starts.
+    pub async fn put_reader<R>(&self, path: &str, mut reader: R) -> Result<PutResult, ClientError>
+    where
+        R: AsyncRead + Unpin,
+    {
+        let path = entry_path(path)?;
+        let spool =
+            tempfile::tempfile().map_err(|e| ClientError::io("cannot create a spool file", e))?;
+        let mut spool = tokio::fs::File::from_std(spool);
+        let mut hasher = Sha256::new();
+        let mut len = 0u64;
+        let mut buf = vec![0u8; CHUNK];
+        loop {
+            let n = reader
+                .read(&mut buf)
+                .await
+                .map_err(|e| ClientError::io("cannot read the input", e))?;
+            let Some(chunk) = buf.get(..n).filter(|c| !c.is_empty()) else {
+                break;
+            };
+            hasher.update(chunk);
+            spool
+                .write_all(chunk)
+                .await
+                .map_err(|e| ClientError::io("cannot write the spool file", e))?;
+            len += n as u64;
+        }
+        spool
+            .flush()
+            .await
+            .map_err(|e| ClientError::io("cannot write the spool file", e))?;
+        let file = spool.into_std().await;
+        self.put(
+            &path,
+            BodyHash::from_hasher(hasher),
+            Payload::File { file, len },
+        )
+        .await
+    }
+
+    /// `GET path`: a streamed entry. `host` names the owner for a read of someone else's
+    /// public data; `None` (or this client's own key) reads the caller's own data, signed.
+    pub async fn get(
+        &self,
+        path: &str,
+        host: Option<PublicKey>,
+    ) -> Result<GetResponse, ClientError> {
+        let path = entry_path(path)?;
+        let target = RequestTarget::new(&self.base, path.as_str(), None);
+        let response = self.send_read(Method::GET, &target, host, None).await?;
+        Ok(GetResponse::new(response))
+    }
+
+    /// `GET path` with `If-None-Match: etag`; `None` when the entry is unchanged (304).
+    pub async fn get_if_none_match(
+        &self,
+        path: &str,
+        etag: &str,
+        host: Option<PublicKey>,
+    ) -> Result<Option<GetResponse>, ClientError> {
+        let path = entry_path(path)?;
+        let target = RequestTarget::new(&self.base, path.as_str(), None);
+        let response = self
+            .send_read(Method::GET, &target, host, Some(etag))
+            .await?;
+        if response.status() == StatusCode::NOT_MODIFIED {
+            return Ok(None);
+        }
+        Ok(Some(GetResponse::new(response)))
+    }
+
+    /// `GET path`, the whole value in memory.
+    pub async fn get_bytes(
+        &self,
+        path: &str,
+        host: Option<PublicKey>,
+    ) -> Result<Bytes, ClientError> {
+        self.get(path, host).await?.bytes().await
+    }
+
+    /// `HEAD path`: size, ETag and update time without the value. A HEAD error has no
+    /// body, so failures come back as [`ClientError::UnexpectedStatus`]
+    /// (see [`ClientError::is_not_found`]).
+    pub async fn head(
+        &self,
+        path: &str,
+        host: Option<PublicKey>,
+    ) -> Result<EntryMeta, ClientError> {
+        let path = entry_path(path)?;
+        let target = RequestTarget::new(&self.base, path.as_str(), None);
+        let response = self.send_read(Method::HEAD, &target, host, None).await?;
+        Ok(EntryMeta::from_headers(response.headers()))
+    }
+
+    /// One page of the listing `path` (which must end in `/`).
+    pub async fn list(
+        &self,
+        path: &str,
+        options: ListOptions,
+        host: Option<PublicKey>,
+    ) -> Result<ListResult, ClientError> {
+        let path = listing_path(path)?;
+        let query = options.to_query();
+        let target = RequestTarget::new(&self.base, path.as_str(), query.as_deref());
+        let response = self.send_read(Method::GET, &target, host, None).await?;
+        json(response).await
+    }
+
+    /// Every entry of the listing `path`, following cursors from `options` on;
+    /// `options.limit` is the page size. Holds the whole listing in memory.
+    pub async fn list_all(
+        &self,
+        path: &str,
+        mut options: ListOptions,
+        host: Option<PublicKey>,
+    ) -> Result<Vec<ListEntry>, ClientError> {
+        let mut all = Vec::new();
+        loop {
+            let page = self.list(path, options.clone(), host).await?;
+            all.extend(page.entries);
+            match page.cursor {
+                Some(cursor) if page.has_more => options.cursor = Some(cursor),
+                _ => return Ok(all),
+            }
+        }
+    }
+
+    /// `DELETE path` in the caller's own space.
+    pub async fn delete(&self, path: &str) -> Result<DeleteResult, ClientError> {
+        let path = entry_path(path)?;
+        let target = RequestTarget::new(&self.base, path.as_str(), None);
+        let response = self
+            .send_write(Method::DELETE, &target, BodyHash::empty(), &Payload::Empty)
+            .await?;
+        json(response).await
+    }
+
+    async fn put(
+        &self,
+        path: &StoragePath,
+        hash: BodyHash,
+        payload: Payload,
+    ) -> Result<PutResult, ClientError> {
+        let target = RequestTarget::new(&self.base, path.as_str(), None);
+        let response = self
+            .send_write(Method::PUT, &target, hash, &payload)
+            .await?;
+        json(response).await
+    }
+
+    fn signer(&self) -> Result<&Keypair, ClientError> {
+        self.keypair.as_ref().ok_or(ClientError::MissingKey)
+    }
+
+    fn reader(&self, host: Option<PublicKey>) -> Result<Reader<'_>, ClientError> {
+        match (host, &self.keypair) {
+            (Some(host), Some(keypair)) if keypair.public_key() == host => Ok(Reader::Own(keypair)),
+            (Some(host), _) => Ok(Reader::Public(host)),
+            (None, Some(keypair)) => Ok(Reader::Own(keypair)),
+            (None, None) => Err(ClientError::MissingKey),
+        }
+    }
+
+    /// A signed write; retried once if the server has seen its signature before.
+    async fn send_write(
+        &self,
+        method: Method,
+        target: &RequestTarget,
+        body_hash: BodyHash,
+        payload: &Payload,
+    ) -> Result<Response, ClientError> {
+        let keypair = self.signer()?;
+        let mut retried = false;
+        loop {
+            let timestamp = self
+                .clock
+                .write_timestamp(method.as_str(), &target.target, &body_hash);
+            let auth = AuthHeader::sign(
+                keypair,
+                method.as_str(),
+                &target.target,
+                timestamp,
+                &body_hash,
+            );
+            let (body, len) = payload.body()?;
+            let response = self
+                .http
+                .request(method.clone(), target.url.clone())
+                .header(AUTHORIZATION, auth.to_header_value())
+                .header(CONTENT_TYPE, "application/octet-stream")
+                .header(CONTENT_LENGTH, len)
+                .body(body)
+                .send()
+                .await?;
+            match check(response).await {
+                Err(e) if !retried && e.is_replay_refusal() => retried = true,
+                other => return other,
+            }
+        }
+    }
+
+    async fn send_read(
+        &self,
+        method: Method,
+        target: &RequestTarget,
+        host: Option<PublicKey>,
+        if_none_match: Option<&str>,
+    ) -> Result<Response, ClientError> {
+        let mut request = self.http.request(method.clone(), target.url.clone());
+        match self.reader(host)? {
+            Reader::Own(keypair) => {
+                let timestamp = self.clock.read_timestamp();
+                let auth = AuthHeader::sign(
+                    keypair,
+                    method.as_str(),
+                    &target.target,
+                    timestamp,
+                    &BodyHash::empty(),
+                );
+                request = request.header(AUTHORIZATION, auth.to_header_value());
+            }
+            Reader::Public(host) => request = request.header(PUBKY_HOST_HEADER, host.to_z32()),
+        }
+        if let Some(etag) = if_none_match {
+            request = request.header(IF_NONE_MATCH, etag);
+        }
+        let response = request.send().await?;
+        if response.status() == StatusCode::NOT_MODIFIED {
+            return Ok(response);
+        }
+        check(response).await
+    }
+}
+
+fn parse_base_url(text: &str) -> Result<Url, ClientError> {
+    let invalid = |reason: &str| ClientError::InvalidBaseUrl {
+        url: text.to_owned(),
+        reason: reason.to_owned(),
+    };
+    let url = Url::parse(text).map_err(|e| invalid(&e.to_string()))?;
+    if !matches!(url.scheme(), "http" | "https") {
+        return Err(invalid("the scheme must be http or https"));
+    }
+    if url.cannot_be_a_base() || url.host().is_none() {
+        return Err(invalid("it has no host"));
+    }
+    // The signature covers the path as the server sees it, so the API must sit at the
+    // root of the URL; a proxy that strips a prefix would break every signature.
+    if url.path() != "/" || url.query().is_some() || url.fragment().is_some() {
+        return Err(invalid("it must not have a path, query or fragment"));
+    }
+    Ok(url)
+}
+
+/// A valid path of a single entry (not ending in `/`).
+fn entry_path(path: &str) -> Result<StoragePath, ClientError> {
+    let parsed = storage_path(path)?;
+    if parsed.is_listing() {
+        return Err(ClientError::PathKind {
+            path: path.to_owned(),
+            expected: "an entry path must not end with /",
+        });
+    }
+    Ok(parsed)
+}
+
+/// A valid listing path (ending in `/`).
+fn listing_path(path: &str) -> Result<StoragePath, ClientError> {
+    let parsed = storage_path(path)?;
+    if !parsed.is_listing() {
+        return Err(ClientError::PathKind {
+            path: path.to_owned(),
+            expected: "a listing path must end with /",
+        });
+    }
+    Ok(parsed)
+}
+
+fn storage_path(path: &str) -> Result<StoragePath, ClientError> {
+    StoragePath::parse(path).map_err(|source| ClientError::InvalidPath {
+        path: path.to_owned(),
+        source,
+    })
+}
+
+/// First pass over a file: its SHA-256 and length, then hand the file back.
+fn hash_file(mut file: std::fs::File) -> std::io::Result<(std::fs::File, BodyHash, u64)> {
+    let mut hasher = Sha256::new();
+    let mut len = 0u64;
+    let mut buf = vec![0u8; CHUNK];
+    loop {
+        let n = file.read(&mut buf)?;
+        let Some(chunk) = buf.get(..n).filter(|c| !c.is_empty()) else {
+            break;
+        };
+        hasher.update(chunk);
+        len += n as u64;
+    }
+    Ok((file, BodyHash::from_hasher(hasher), len))
+}
+
+/// Passes a 2xx answer through; turns any other into a [`ClientError`].
+async fn check(response: Response) -> Result<Response, ClientError> {
+    let status = response.status();
+    if status.is_success() {
+        return Ok(response);
+    }
+    let body = response.bytes().await?;
+    Err(ClientError::from_response_body(status, &body))
+}
+
+async fn json<T: serde::de::DeserializeOwned>(response: Response) -> Result<T, ClientError> {
+    let body = response.bytes().await?;
+    from_slice(&body).map_err(|e| ClientError::InvalidResponse(e.to_string()))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn base_url_rules() {
+        assert!(parse_base_url("http://127.0.0.1:6286").is_ok());
+        assert!(parse_base_url("https://hs.example.org/").is_ok());
+        for bad in [
+            "127.0.0.1:6286",
+            "ftp://x.org",
+            "http://x.org/prefix",
+            "http://x.org/?a=1",
+            "not a url",
+        ] {
+            assert!(
+                matches!(parse_base_url(bad), Err(ClientError::InvalidBaseUrl { .. })),
+                "{bad}"
+            );
+        }
+    }
+
+    #[test]
+    fn paths_are_checked_before_sending() {
+        assert!(entry_path("/pub/a.txt").is_ok());
+        assert!(matches!(
+            entry_path("/pub/a b"),
+            Err(ClientError::InvalidPath { .. })
+        ));
+        assert!(matches!(
+            entry_path("/etc/passwd"),
+            Err(ClientError::InvalidPath { .. })
+        ));
+        assert!(matches!(
+            entry_path("/pub/dir/"),
+            Err(ClientError::PathKind { .. })
+        ));
+        assert!(listing_path("/pub/").is_ok());
+        assert!(matches!(
+            listing_path("/pub/a"),
+            Err(ClientError::PathKind { .. })
+        ));
+    }
+
+    #[test]
+    fn readers_choose_signature_or_host() {
+        let me = Keypair::from_seed(&[1; 32]);
+        let other = Keypair::from_seed(&[2; 32]).public_key();
+        let client = PkClient::new(DEFAULT_HOMESERVER, Some(me.clone())).unwrap();
+        assert!(matches!(client.reader(None), Ok(Reader::Own(_))));
+        assert!(matches!(
+            client.reader(Some(me.public_key())),
+            Ok(Reader::Own(_))
+        ));
+        assert!(matches!(client.reader(Some(other)), Ok(Reader::Public(k)) if k == other));
+        let anonymous = PkClient::new(DEFAULT_HOMESERVER, None).unwrap();
+        assert!(matches!(
+            anonymous.reader(None),
+            Err(ClientError::MissingKey)
+        ));
+        assert!(matches!(
+            anonymous.reader(Some(other)),
+            Ok(Reader::Public(_))
+        ));
+    }
+
+    #[tokio::test]
+    async fn writes_without_a_key_fail_before_sending() {
+        // Port 9 (discard) is never contacted: the key check comes first.
+        let client = PkClient::new("http://127.0.0.1:9", None).unwrap();
+        assert!(matches!(
+            client.put_bytes("/pub/a", "x").await,
+            Err(ClientError::MissingKey)
+        ));
+        assert!(matches!(
+            client.delete("/pub/a").await,
+            Err(ClientError::MissingKey)
+        ));
+        assert!(matches!(
+            client.signup(None).await,
+            Err(ClientError::MissingKey)
+        ));
+    }
+
+    #[tokio::test]
+    async fn invalid_paths_fail_before_sending() {
+        let client =
+            PkClient::new("http://127.0.0.1:9", Some(Keypair::from_seed(&[1; 32]))).unwrap();
+        assert!(matches!(
+            client.put_bytes("/pub/../x", "x").await,
+            Err(ClientError::InvalidPath { .. })
+        ));
+        assert!(matches!(
+            client.list("/pub/x", ListOptions::default(), None).await,
+            Err(ClientError::PathKind { .. })
+        ));
+    }
+
+    #[test]
+    fn file_hash_matches_in_memory_hash() {
+        let mut f = tempfile::tempfile().unwrap();
+        let data: Vec<u8> = (0..200_000u32).map(|i| (i % 251) as u8).collect();
+        std::io::Write::write_all(&mut f, &data).unwrap();
+        f.seek(SeekFrom::Start(0)).unwrap();
+        let (_, hash, len) = hash_file(f).unwrap();
+        assert_eq!(hash, BodyHash::of(&data));
+        assert_eq!(len, data.len() as u64);
+    }
+}
+
+#[cfg(test)]
+#[path = "wire_tests.rs"]
+mod wire_tests;

@@ -1,0 +1,32 @@
+//! Client library for the homeserver API, shared by the `pk` tool, the bot and the tests.
+//!
+//! [`PkClient`] talks to one homeserver as (optionally) one user. Every wire rule comes
+//! from `homeserver-protocol`: keys and their text form, the signed `Authorization: Pk`
+//! header, path validation and the JSON bodies. This crate adds only what a client needs
+//! on top: building request targets, choosing timestamps so that no write is refused as
+//! a replay, streaming bodies in and out, and turning error responses into typed errors.
+//!
+//! - [`client`]: [`PkClient`] and its operations (signup, put, get, head, list, delete).
+//! - [`target`]: request targets (path plus `?query`), the exact string that is signed.
+//! - [`clock`]: timestamps for signed writes.
+//! - [`response`]: streamed GET answers and entry metadata from headers.
+//! - [`error`]: the [`ClientError`] type.
+
+// Tests may unwrap: a panic is the failure report there.
+#![cfg_attr(test, allow(clippy::unwrap_used))]
+
+pub mod client;
+pub mod clock;
+pub mod error;
+pub mod response;
+pub mod target;
+
+pub use client::{DEFAULT_HOMESERVER, PUBKY_HOST_HEADER, PkClient};
+pub use error::ClientError;
+pub use response::{EntryMeta, GetResponse};
+pub use target::ListOptions;
+
+/// The protocol crate, re-exported so users of the client need no second dependency.
+pub use homeserver_protocol as protocol;
+pub use homeserver_protocol::wire::{DeleteResult, ListEntry, ListResult, PutResult, SignupResult};
+pub use homeserver_protocol::{ErrorBody, ErrorCode, Keypair, PublicKey, StoragePath};

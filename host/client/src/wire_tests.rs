@@ -1,0 +1,468 @@
+//! Wire-level tests of [`PkClient`](crate::PkClient) against a scripted HTTP server that
+//! records every request: what is signed is exactly what is sent, bodies arrive intact,
+//! public reads carry `Pubky-Host`, errors are typed, and a replay refusal is retried.
+
+use std::collections::HashMap;
+use std::sync::{Arc, Mutex};
+
+use homeserver_protocol::{AuthHeader, BodyHash, ErrorCode, Keypair};
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
+use tokio::net::TcpListener;
+
+use crate::clock::unix_now;
+use crate::{ClientError, ListOptions, PkClient};
+
+#[derive(Debug, Clone)]
+struct Recorded {
+    method: String,
+    target: String,
+    headers: HashMap<String, String>,
+    body: Vec<u8>,
+}
+
+impl Recorded {
+    /// Verifies the `Pk` signature against what actually arrived.
+    fn verify(&self) -> AuthHeader {
+        let value = self
+            .headers
+            .get("authorization")
+            .expect("request is signed");
+        let auth = AuthHeader::parse(value).expect("header parses");
+        auth.verify(
+            &self.method,
+            &self.target,
+            &BodyHash::of(&self.body),
+            unix_now(),
+        )
+        .expect("signature verifies against the request as received");
+        auth
+    }
+}
+
+struct Reply {
+    status: u16,
+    headers: Vec<(&'static str, String)>,
+    body: Vec<u8>,
+}
+
+fn json(status: u16, body: &str) -> Reply {
+    Reply {
+        status,
+        headers: vec![("content-type", "application/json".into())],
+        body: body.as_bytes().to_vec(),
+    }
+}
+
+type Handler = dyn Fn(&Recorded, usize) -> Reply + Send + Sync;
+
+/// Serves one request per connection with `handler(request, index)`.
+async fn serve(handler: Arc<Handler>) -> (String, Arc<Mutex<Vec<Recorded>>>) {
+    let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let base = format!("http://{}", listener.local_addr().unwrap());
+    let seen: Arc<Mutex<Vec<Recorded>>> = Arc::default();
+    let log = seen.clone();
+    tokio::spawn(async move {
+        loop {
+            let Ok((mut socket, _)) = listener.accept().await else {
+                return;
+            };
+            let mut buf = Vec::new();
+            let head_end = loop {
+                let mut chunk = [0u8; 4096];
+                let n = socket.read(&mut chunk).await.unwrap();
+                if n == 0 {
+                    break None;
+                }
+                buf.extend_from_slice(&chunk[..n]);
+                if let Some(i) = buf.windows(4).position(|w| w == b"\r\n\r\n") {
+                    break Some(i);
+                }
+            };
+            let Some(head_end) = head_end else { continue };
+            let head = String::from_utf8(buf[..head_end].to_vec()).unwrap();
+            let mut lines = head.split("\r\n");
+            let mut request_line = lines.next().unwrap().split(' ');
+            let method = request_line.next().unwrap().to_owned();
+            let target = request_line.next().unwrap().to_owned();
+            let headers: HashMap<String, String> = lines
+                .filter_map(|l| l.split_once(": "))
+                .map(|(k, v)| (k.to_ascii_lowercase(), v.to_owned()))
+                .collect();
+            let len: usize = headers
+                .get("content-length")
+                .map(|v| v.parse().unwrap())
+                .unwrap_or(0);
+            let mut body = buf[head_end + 4..].to_vec();
+            while body.len() < len {
+                let mut chunk = vec![0u8; 65536];
+                let n = socket.read(&mut chunk).await.unwrap();
+                assert!(n > 0, "body shorter than Content-Length");
+                body.extend_from_slice(&chunk[..n]);
+            }
+            let request = Recorded {
+                method,
+                target,
+                headers,
+                body,
+            };
+            let index = {
+                let mut seen = log.lock().unwrap();
+                seen.push(request.clone());
+                seen.len() - 1
+            };
+            let reply = handler(&request, index);
+            let mut out = format!("HTTP/1.1 {} X\r\nconnection: close\r\n", reply.status);
+            for (k, v) in &reply.headers {
+                out.push_str(&format!("{k}: {v}\r\n"));
+            }
+            if request.method != "HEAD" {
+                out.push_str(&format!("content-length: {}\r\n", reply.body.len()));
+            }
+            out.push_str("\r\n");
+            let mut bytes = out.into_bytes();
+            if request.method != "HEAD" {
+                bytes.extend_from_slice(&reply.body);
+            }
+            socket.write_all(&bytes).await.unwrap();
+            let _ = socket.shutdown().await;
+        }
+    });
+    (base, seen)
+}
+
+fn put_ok(req: &Recorded, _: usize) -> Reply {
+    json(
+        200,
+        &format!(
+            r#"{{"path":"{}","size":{},"created_at":1700000000}}"#,
+            req.target,
+            req.body.len()
+        ),
+    )
+}
+
+fn keypair() -> Keypair {
+    Keypair::from_seed(&[5; 32])
+}
+
+#[tokio::test]
+async fn put_bytes_is_signed_as_sent() {
+    let (base, seen) = serve(Arc::new(put_ok)).await;
+    let client = PkClient::new(&base, Some(keypair())).unwrap();
+    let result = client.put_bytes("/pub/a.txt", "hello").await.unwrap();
+    assert_eq!((result.path.as_str(), result.size), ("/pub/a.txt", 5));
+    let req = seen.lock().unwrap()[0].clone();
+    assert_eq!(
+        (req.method.as_str(), req.target.as_str()),
+        ("PUT", "/pub/a.txt")
+    );
+    assert_eq!(req.body, b"hello");
+    assert_eq!(req.headers["content-type"], "application/octet-stream");
+    assert_eq!(req.headers["content-length"], "5");
+    assert_eq!(req.verify().public_key, keypair().public_key());
+}
+
+#[tokio::test]
+async fn identical_puts_get_distinct_signatures() {
+    let (base, seen) = serve(Arc::new(put_ok)).await;
+    let client = PkClient::new(&base, Some(keypair())).unwrap();
+    client.put_bytes("/pub/a", "same").await.unwrap();
+    client.put_bytes("/pub/a", "same").await.unwrap();
+    let seen = seen.lock().unwrap();
+    let (a, b) = (seen[0].verify(), seen[1].verify());
+    assert!(b.timestamp > a.timestamp);
+    assert_ne!(a.signature, b.signature);
+}
+
+#[tokio::test]
+async fn put_file_streams_the_file() {
+    let (base, seen) = serve(Arc::new(put_ok)).await;
+    let client = PkClient::new(&base, Some(keypair())).unwrap();
+    let dir = tempfile::tempdir().unwrap();
+    let file = dir.path().join("data.bin");
+    let data: Vec<u8> = (0..300_000u32).map(|i| (i * 7 % 256) as u8).collect();
+    std::fs::write(&file, &data).unwrap();
+    let result = client.put_file("/pub/data.bin", &file).await.unwrap();
+    assert_eq!(result.size, data.len() as u64);
+    let req = seen.lock().unwrap()[0].clone();
+    assert_eq!(req.body, data);
+    assert_eq!(req.headers["content-length"], data.len().to_string());
+    req.verify();
+
+    let missing = client
+        .put_file("/pub/x", &dir.path().join("missing"))
+        .await
+        .unwrap_err();
+    assert!(matches!(missing, ClientError::Io { .. }), "{missing:?}");
+}
+
+#[tokio::test]
+async fn put_reader_spools_and_signs() {
+    let (base, seen) = serve(Arc::new(put_ok)).await;
+    let client = PkClient::new(&base, Some(keypair())).unwrap();
+    let data = vec![42u8; 150_000];
+    client.put_reader("/pub/in", &data[..]).await.unwrap();
+    client.put_reader("/pub/empty", &b""[..]).await.unwrap();
+    let seen = seen.lock().unwrap();
+    assert_eq!(seen[0].body, data);
+    seen[0].verify();
+    assert!(seen[1].body.is_empty());
+    assert_eq!(seen[1].headers["content-length"], "0");
+    seen[1].verify();
+}
+
+#[tokio::test]
+async fn list_query_is_signed_exactly_as_sent() {
+    let (base, seen) = serve(Arc::new(|_: &Recorded, _| {
+        json(
+            200,
+            r#"{"entries":[{"path":"/pub/d/a","size":1,"created_at":1,"updated_at":2},{"path":"/pub/d/sub/"}],"cursor":"c2","has_more":true}"#,
+        )
+    }))
+    .await;
+    let client = PkClient::new(&base, Some(keypair())).unwrap();
+    let options = ListOptions {
+        limit: Some(2),
+        cursor: Some("L3B1Yi9k/YQ==+ x".into()),
+        reverse: true,
+        shallow: true,
+    };
+    let page = client.list("/pub/d/", options, None).await.unwrap();
+    assert_eq!(page.entries.len(), 2);
+    assert_eq!(page.entries[1].size, None);
+    assert_eq!(page.cursor.as_deref(), Some("c2"));
+    assert!(page.has_more);
+    let req = seen.lock().unwrap()[0].clone();
+    assert_eq!(
+        req.target,
+        "/pub/d/?limit=2&cursor=L3B1Yi9k%2FYQ%3D%3D%2B+x&reverse=true&shallow=true"
+    );
+    assert_eq!(req.method, "GET");
+    req.verify();
+}
+
+#[tokio::test]
+async fn list_all_follows_cursors() {
+    let (base, seen) = serve(Arc::new(|_: &Recorded, i| match i {
+        0 => json(
+            200,
+            r#"{"entries":[{"path":"/pub/a"}],"cursor":"one","has_more":true}"#,
+        ),
+        _ => json(
+            200,
+            r#"{"entries":[{"path":"/pub/b"}],"cursor":"two","has_more":false}"#,
+        ),
+    }))
+    .await;
+    let client = PkClient::new(&base, Some(keypair())).unwrap();
+    let all = client
+        .list_all(
+            "/pub/",
+            ListOptions {
+                limit: Some(1),
+                ..Default::default()
+            },
+            None,
+        )
+        .await
+        .unwrap();
+    let paths: Vec<_> = all.iter().map(|e| e.path.as_str()).collect();
+    assert_eq!(paths, ["/pub/a", "/pub/b"]);
+    let seen = seen.lock().unwrap();
+    assert_eq!(seen[0].target, "/pub/?limit=1");
+    assert_eq!(seen[1].target, "/pub/?limit=1&cursor=one");
+}
+
+#[tokio::test]
+async fn public_reads_name_the_host_and_carry_no_signature() {
+    let (base, seen) = serve(Arc::new(|req: &Recorded, _| match req.target.as_str() {
+        "/pub/post" => Reply {
+            status: 200,
+            headers: vec![
+                ("etag", "\"abc=\"".into()),
+                ("last-modified", "Tue, 14 Nov 2023 22:13:20 GMT".into()),
+            ],
+            body: b"public value".to_vec(),
+        },
+        _ => json(200, r#"{"entries":[],"cursor":null,"has_more":false}"#),
+    }))
+    .await;
+    let owner = Keypair::from_seed(&[8; 32]).public_key();
+    // Works without any key, and with a key of someone else.
+    for key in [None, Some(keypair())] {
+        let client = PkClient::new(&base, key).unwrap();
+        let got = client.get("/pub/post", Some(owner)).await.unwrap();
+        assert_eq!(got.meta().etag.as_deref(), Some("\"abc=\""));
+        assert_eq!(got.meta().content_length, Some(12));
+        let mut out = Vec::new();
+        assert_eq!(got.write_to(&mut out).await.unwrap(), 12);
+        assert_eq!(out, b"public value");
+        let page = client
+            .list("/pub/", ListOptions::default(), Some(owner))
+            .await
+            .unwrap();
+        assert!(page.entries.is_empty() && page.cursor.is_none());
+    }
+    for req in seen.lock().unwrap().iter() {
+        assert_eq!(req.headers["pubky-host"], owner.to_z32());
+        assert!(!req.headers.contains_key("authorization"));
+    }
+}
+
+#[tokio::test]
+async fn own_reads_are_signed() {
+    let (base, seen) = serve(Arc::new(|_: &Recorded, _| Reply {
+        status: 200,
+        headers: vec![("etag", "\"e\"".into())],
+        body: b"mine".to_vec(),
+    }))
+    .await;
+    let me = keypair();
+    let client = PkClient::new(&base, Some(me.clone())).unwrap();
+    assert_eq!(
+        &client.get_bytes("/pub/m", None).await.unwrap()[..],
+        b"mine"
+    );
+    assert_eq!(
+        &client
+            .get_bytes("/pub/m", Some(me.public_key()))
+            .await
+            .unwrap()[..],
+        b"mine"
+    );
+    let meta = client.head("/pub/m", None).await.unwrap();
+    assert_eq!(meta.etag.as_deref(), Some("\"e\""));
+    let seen = seen.lock().unwrap();
+    for req in seen.iter() {
+        req.verify();
+        assert!(!req.headers.contains_key("pubky-host"));
+    }
+    assert_eq!(seen[2].method, "HEAD");
+}
+
+#[tokio::test]
+async fn not_modified_is_none() {
+    let (base, seen) = serve(Arc::new(|req: &Recorded, _| {
+        if req.headers.get("if-none-match").map(String::as_str) == Some("\"e\"") {
+            Reply {
+                status: 304,
+                headers: vec![],
+                body: vec![],
+            }
+        } else {
+            Reply {
+                status: 200,
+                headers: vec![],
+                body: b"v".to_vec(),
+            }
+        }
+    }))
+    .await;
+    let client = PkClient::new(&base, Some(keypair())).unwrap();
+    assert!(
+        client
+            .get_if_none_match("/pub/m", "\"e\"", None)
+            .await
+            .unwrap()
+            .is_none()
+    );
+    let fresh = client
+        .get_if_none_match("/pub/m", "\"old\"", None)
+        .await
+        .unwrap();
+    assert_eq!(&fresh.unwrap().bytes().await.unwrap()[..], b"v");
+    assert_eq!(seen.lock().unwrap().len(), 2);
+}
+
+#[tokio::test]
+async fn errors_are_typed() {
+    let (base, _) = serve(Arc::new(|req: &Recorded, _| match req.method.as_str() {
+        "GET" => json(
+            404,
+            r#"{"error":"not_found","message":"no entry at /pub/x"}"#,
+        ),
+        "HEAD" => Reply {
+            status: 404,
+            headers: vec![],
+            body: vec![],
+        },
+        "DELETE" => Reply {
+            status: 502,
+            headers: vec![],
+            body: b"upstream down".to_vec(),
+        },
+        _ => json(200, "not json"),
+    }))
+    .await;
+    let client = PkClient::new(&base, Some(keypair())).unwrap();
+    let err = client.get("/pub/x", None).await.unwrap_err();
+    assert_eq!(err.code(), Some(ErrorCode::NotFound));
+    assert_eq!(err.to_string(), "not_found (404): no entry at /pub/x");
+    let err = client.head("/pub/x", None).await.unwrap_err();
+    assert!(err.is_not_found() && err.code().is_none());
+    let err = client.delete("/pub/x").await.unwrap_err();
+    assert!(
+        matches!(err, ClientError::UnexpectedStatus { ref text, .. } if text == "upstream down")
+    );
+    let err = client.put_bytes("/pub/x", "v").await.unwrap_err();
+    assert!(matches!(err, ClientError::InvalidResponse(_)), "{err:?}");
+}
+
+#[tokio::test]
+async fn replay_refusal_is_retried_once_with_a_later_timestamp() {
+    let (base, seen) = serve(Arc::new(|req: &Recorded, i| match i {
+        0 => json(
+            401,
+            r#"{"error":"invalid_signature","message":"signature replayed"}"#,
+        ),
+        _ => put_ok(req, i),
+    }))
+    .await;
+    let client = PkClient::new(&base, Some(keypair())).unwrap();
+    let dir = tempfile::tempdir().unwrap();
+    let file = dir.path().join("f");
+    std::fs::write(&file, b"file body").unwrap();
+    client.put_file("/pub/f", &file).await.unwrap();
+    let seen = seen.lock().unwrap();
+    assert_eq!(seen.len(), 2);
+    // The file was rewound: the retry carries the whole body again.
+    assert_eq!(seen[1].body, b"file body");
+    assert!(seen[1].verify().timestamp > seen[0].verify().timestamp);
+}
+
+#[tokio::test]
+async fn persistent_replay_refusal_is_reported() {
+    let (base, seen) = serve(Arc::new(|_: &Recorded, _| {
+        json(
+            401,
+            r#"{"error":"invalid_signature","message":"signature replayed"}"#,
+        )
+    }))
+    .await;
+    let client = PkClient::new(&base, Some(keypair())).unwrap();
+    let err = client.delete("/pub/f").await.unwrap_err();
+    assert_eq!(err.code(), Some(ErrorCode::InvalidSignature));
+    assert_eq!(seen.lock().unwrap().len(), 2);
+}
+
+#[tokio::test]
+async fn signup_sends_the_token_in_the_signed_query() {
+    let (base, seen) = serve(Arc::new(|_: &Recorded, _| {
+        json(
+            201,
+            &format!(
+                r#"{{"public_key":"{}","created_at":1700000000}}"#,
+                keypair().public_key()
+            ),
+        )
+    }))
+    .await;
+    let client = PkClient::new(&base, Some(keypair())).unwrap();
+    let result = client.signup(Some("ABCD-EFGH-JKMN")).await.unwrap();
+    assert_eq!(result.public_key, keypair().public_key().to_z32());
+    let req = seen.lock().unwrap()[0].clone();
+    assert_eq!(req.method, "POST");
+    assert_eq!(req.target, "/signup?signup_token=ABCD-EFGH-JKMN");
+    assert!(req.body.is_empty());
+    req.verify();
+}
