@@ -10,6 +10,7 @@
 
 pub mod capability;
 pub mod error;
+pub mod event;
 pub mod keys;
 pub mod path;
 pub mod signed_request;

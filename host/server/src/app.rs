@@ -6,6 +6,7 @@ use std::net::SocketAddr;
 use std::sync::Arc;
 use std::time::Duration;
 
+use axum::serve::ListenerExt;
 use homeserver_protocol::Keypair;
 use tokio::net::TcpListener;
 use tokio::task::JoinSet;
@@ -16,6 +17,7 @@ use crate::config::Config;
 use crate::persistence::sqlite::SqliteStore;
 use crate::persistence::{BlobStore, MetadataStore};
 use crate::server_key;
+use crate::service::events::EventHub;
 use crate::service::now_secs;
 use crate::service::signup::SignupService;
 use crate::service::storage::{StorageLimits, StorageService};
@@ -30,6 +32,8 @@ const BLOB_SWEEP_MIN_AGE: Duration = Duration::from_secs(600);
 pub enum StartError {
     #[error("metadata store: {0}")]
     Metadata(#[from] crate::persistence::StoreError),
+    #[error("event hub: {0}")]
+    Events(#[from] crate::service::ServiceError),
     #[error("blob store: {0}")]
     Blobs(#[from] crate::persistence::BlobError),
     #[error(transparent)]
@@ -49,12 +53,14 @@ pub struct AppContext {
     pub blobs: BlobStore,
     pub storage: StorageService,
     pub signup: SignupService,
+    pub events: Arc<EventHub>,
     pub server_key: Keypair,
     sqlite: Option<Arc<SqliteStore>>,
 }
 
 impl AppContext {
-    pub async fn build(config: Config) -> Result<Self, StartError> {
+    /// Builds every store and service; `shutdown` ends live streams and background work.
+    pub async fn build(config: Config, shutdown: CancellationToken) -> Result<Self, StartError> {
         let sqlite = Arc::new(SqliteStore::open(&config.storage.database_url).await?);
         let metadata: Arc<dyn MetadataStore> = sqlite.clone();
         let blobs = BlobStore::open(&config.storage.blobs)?;
@@ -63,8 +69,10 @@ impl AppContext {
             max_value_bytes: config.storage.max_value_bytes,
             quota_bytes: config.storage.quota_bytes,
         };
+        let events = EventHub::new(metadata.clone(), shutdown).await?;
         Ok(Self {
-            storage: StorageService::new(metadata.clone(), blobs.clone(), limits),
+            storage: StorageService::new(metadata.clone(), blobs.clone(), limits, events.clone()),
+            events,
             signup: SignupService::new(metadata.clone(), config.signup.mode),
             metadata,
             blobs,
@@ -86,7 +94,8 @@ pub struct Homeserver {
 impl Homeserver {
     /// Builds the context, binds every listener, then starts serving.
     pub async fn start(config: Config) -> Result<Self, StartError> {
-        let context = Arc::new(AppContext::build(config).await?);
+        let shutdown = CancellationToken::new();
+        let context = Arc::new(AppContext::build(config, shutdown.clone()).await?);
         let address = context.config.http.listen;
         let http = TcpListener::bind(address)
             .await
@@ -101,13 +110,19 @@ impl Homeserver {
             source,
         })?;
 
-        let shutdown = CancellationToken::new();
         let mut tasks = JoinSet::new();
 
         let router = client_server::router(context.clone())
             .into_make_service_with_connect_info::<SocketAddr>();
         let stop = shutdown.clone();
         tasks.spawn(async move {
+            // Without TCP_NODELAY a response written in two parts (headers, then a
+            // streamed body) waits ~40 ms for the peer's delayed ACK.
+            let http = http.tap_io(|tcp| {
+                if let Err(e) = tcp.set_nodelay(true) {
+                    tracing::debug!(error = %e, "could not set TCP_NODELAY");
+                }
+            });
             let served = axum::serve(http, router)
                 .with_graceful_shutdown(async move { stop.cancelled().await })
                 .await;
@@ -118,6 +133,7 @@ impl Homeserver {
         tracing::info!(listener = "http", address = %http_addr, "listening");
         tracing::info!(public_key = %context.server_key.public_key(), "server identity");
 
+        tasks.spawn(context.events.clone().run_tailer());
         tasks.spawn(purge_replay_marks(context.clone(), shutdown.clone()));
         tasks.spawn(sweep_blobs(context.clone(), shutdown.clone()));
 

@@ -2,6 +2,7 @@
 //! services; [`error`] maps every service error to a status and JSON body.
 
 pub mod error;
+pub mod events;
 pub mod extract;
 pub mod signup;
 pub mod storage;
@@ -10,7 +11,7 @@ use std::sync::Arc;
 
 use axum::Router;
 use axum::response::{IntoResponse, Response};
-use axum::routing::post;
+use axum::routing::{get, post};
 use homeserver_protocol::ErrorCode;
 
 use crate::app::AppContext;
@@ -21,6 +22,8 @@ pub type AppState = Arc<AppContext>;
 pub fn router(app: AppState) -> Router {
     Router::new()
         .route("/signup", post(signup::handle))
+        .route("/events/", get(events::feed))
+        .route("/events-stream", get(events::stream))
         .method_not_allowed_fallback(method_not_allowed)
         .fallback(storage::handle)
         .with_state(app)

@@ -3,6 +3,7 @@
 //! the replay mark and the event row commit together or not at all.
 
 use async_trait::async_trait;
+use homeserver_protocol::event::EventKind;
 
 /// A user row.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -96,6 +97,45 @@ pub struct EntryRange<'a> {
     pub limit: u32,
 }
 
+/// An event row.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct EventRecord {
+    pub cursor: u64,
+    pub user: String,
+    pub path: String,
+    pub kind: EventKind,
+    pub content_hash: Option<[u8; 32]>,
+}
+
+/// One user of an event query and that user's own cursor bound (exclusive; 0 = none).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct UserCursor {
+    pub user: String,
+    pub cursor: u64,
+}
+
+/// Events in ascending cursor order within `(after, up_to]`.
+#[derive(Debug, Clone)]
+pub struct EventQuery<'a> {
+    /// Only these users, each only above its own cursor; empty = every user.
+    pub users: &'a [UserCursor],
+    pub after: u64,
+    pub up_to: u64,
+    /// Only paths starting with this.
+    pub path_prefix: Option<&'a str>,
+    pub limit: u32,
+}
+
+/// Events in descending cursor order below `before` (exclusive).
+#[derive(Debug, Clone)]
+pub struct ReverseEventQuery<'a> {
+    /// Each user only below its own cursor when that is not 0.
+    pub users: &'a [UserCursor],
+    pub before: u64,
+    pub path_prefix: Option<&'a str>,
+    pub limit: u32,
+}
+
 #[derive(Debug, thiserror::Error)]
 pub enum StoreError {
     /// The database cannot be reached or is overloaded (a 503 for the caller).
@@ -150,4 +190,11 @@ pub trait MetadataStore: Send + Sync + 'static {
 
     /// Latest event cursor (0 when there is none).
     async fn latest_cursor(&self) -> Result<u64, StoreError>;
+
+    async fn events(&self, query: EventQuery<'_>) -> Result<Vec<EventRecord>, StoreError>;
+
+    async fn events_reverse(
+        &self,
+        query: ReverseEventQuery<'_>,
+    ) -> Result<Vec<EventRecord>, StoreError>;
 }

@@ -15,9 +15,12 @@ use sqlx::sqlite::{
 };
 use sqlx::{Row, Sqlite, Transaction};
 
+use homeserver_protocol::event::EventKind;
+
 use super::metadata::{
-    DeleteOutcome, EntryRange, EntryRecord, MetadataStore, NewEntry, PutOutcome, ReplayMark,
-    SignupOutcome, StoreError, UserRecord, WriteContext,
+    DeleteOutcome, EntryRange, EntryRecord, EventQuery, EventRecord, MetadataStore, NewEntry,
+    PutOutcome, ReplayMark, ReverseEventQuery, SignupOutcome, StoreError, UserCursor, UserRecord,
+    WriteContext,
 };
 
 static MIGRATOR: sqlx::migrate::Migrator = sqlx::migrate!("./migrations/sqlite");
@@ -118,6 +121,59 @@ fn entry_from_row(row: &SqliteRow) -> Result<EntryRecord, sqlx::Error> {
         created_at: row.try_get("created_at")?,
         updated_at: row.try_get("updated_at")?,
     })
+}
+
+fn event_from_row(row: &SqliteRow) -> Result<EventRecord, sqlx::Error> {
+    let kind: String = row.try_get("kind")?;
+    let hash: Option<Vec<u8>> = row.try_get("content_hash")?;
+    Ok(EventRecord {
+        cursor: to_u64(row.try_get("cursor")?),
+        user: row.try_get("user")?,
+        path: row.try_get("path")?,
+        kind: EventKind::parse(&kind)
+            .ok_or_else(|| sqlx::Error::Decode(format!("unknown event kind {kind}").into()))?,
+        content_hash: hash
+            .map(|h| h.try_into())
+            .transpose()
+            .map_err(|_| sqlx::Error::Decode("content_hash is not 32 bytes".into()))?,
+    })
+}
+
+const EVENT_COLUMNS: &str = "cursor, user, path, kind, content_hash";
+
+/// Appends `AND ((user = ? AND cursor <op> ?) OR ...)` and the path-prefix range.
+/// `open_bound` is what a per-user cursor of 0 means (no bound).
+fn push_event_filters<'a>(
+    sql: &mut sqlx::QueryBuilder<'a, Sqlite>,
+    users: &'a [UserCursor],
+    cursor_op: &str,
+    path_prefix: Option<&'a str>,
+) {
+    if !users.is_empty() {
+        sql.push(" AND (");
+        for (i, u) in users.iter().enumerate() {
+            if i > 0 {
+                sql.push(" OR ");
+            }
+            sql.push("(user = ").push_bind(u.user.as_str());
+            if u.cursor != 0 {
+                sql.push(" AND cursor ")
+                    .push(cursor_op)
+                    .push(" ")
+                    .push_bind(to_i64(u.cursor));
+            }
+            sql.push(")");
+        }
+        sql.push(")");
+    }
+    if let Some(prefix) = path_prefix {
+        // Every path under `prefix` sorts in [prefix, prefix + '{'): '{' is above every
+        // character a path may contain. Unlike LIKE, `_` needs no escaping.
+        sql.push(" AND path >= ")
+            .push_bind(prefix)
+            .push(" AND path < ")
+            .push_bind(format!("{prefix}{{"));
+    }
 }
 
 const USER_COLUMNS: &str =
@@ -443,6 +499,41 @@ impl MetadataStore for SqliteStore {
             .await
             .map_err(map_err)?;
         Ok(done.rows_affected())
+    }
+
+    async fn events(&self, query: EventQuery<'_>) -> Result<Vec<EventRecord>, StoreError> {
+        let mut sql = sqlx::QueryBuilder::new(format!(
+            "SELECT {EVENT_COLUMNS} FROM events WHERE cursor > "
+        ));
+        sql.push_bind(to_i64(query.after))
+            .push(" AND cursor <= ")
+            .push_bind(to_i64(query.up_to));
+        push_event_filters(&mut sql, query.users, ">", query.path_prefix);
+        sql.push(" ORDER BY cursor ASC LIMIT ")
+            .push_bind(i64::from(query.limit));
+        let rows = sql.build().fetch_all(&self.reader).await.map_err(map_err)?;
+        rows.iter()
+            .map(event_from_row)
+            .collect::<Result<_, _>>()
+            .map_err(map_err)
+    }
+
+    async fn events_reverse(
+        &self,
+        query: ReverseEventQuery<'_>,
+    ) -> Result<Vec<EventRecord>, StoreError> {
+        let mut sql = sqlx::QueryBuilder::new(format!(
+            "SELECT {EVENT_COLUMNS} FROM events WHERE cursor < "
+        ));
+        sql.push_bind(to_i64(query.before));
+        push_event_filters(&mut sql, query.users, "<", query.path_prefix);
+        sql.push(" ORDER BY cursor DESC LIMIT ")
+            .push_bind(i64::from(query.limit));
+        let rows = sql.build().fetch_all(&self.reader).await.map_err(map_err)?;
+        rows.iter()
+            .map(event_from_row)
+            .collect::<Result<_, _>>()
+            .map_err(map_err)
     }
 
     async fn latest_cursor(&self) -> Result<u64, StoreError> {

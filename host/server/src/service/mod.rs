@@ -8,6 +8,7 @@
 
 pub mod auth;
 pub mod error;
+pub mod events;
 pub mod signup;
 pub mod storage;
 

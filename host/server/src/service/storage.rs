@@ -17,6 +17,7 @@ use homeserver_protocol::{AuthHeader, BodyHash, PublicKey, StoragePath};
 use sha2::{Digest, Sha256};
 
 use super::auth::{self, SignedTarget};
+use super::events::EventHub;
 use super::{ServiceError, now_secs};
 use crate::persistence::blobs::BlobError;
 use crate::persistence::metadata::{DeleteOutcome, EntryRange, EntryRecord, NewEntry, PutOutcome};
@@ -55,6 +56,7 @@ pub struct StorageService {
     metadata: Arc<dyn MetadataStore>,
     blobs: BlobStore,
     limits: StorageLimits,
+    events: Arc<EventHub>,
 }
 
 /// The outcome of streaming a body somewhere.
@@ -65,11 +67,17 @@ struct Streamed {
 }
 
 impl StorageService {
-    pub fn new(metadata: Arc<dyn MetadataStore>, blobs: BlobStore, limits: StorageLimits) -> Self {
+    pub fn new(
+        metadata: Arc<dyn MetadataStore>,
+        blobs: BlobStore,
+        limits: StorageLimits,
+        events: Arc<EventHub>,
+    ) -> Self {
         Self {
             metadata,
             blobs,
             limits,
+            events,
         }
     }
 
@@ -157,6 +165,7 @@ impl StorageService {
                 created_at,
                 replaced_blob,
             }) => {
+                self.events.committed();
                 if let Some(old) = replaced_blob {
                     self.delete_blob_later(old);
                 }
@@ -264,6 +273,7 @@ impl StorageService {
             .await?
         {
             DeleteOutcome::Deleted { blob_key } => {
+                self.events.committed();
                 self.delete_blob_later(blob_key);
                 Ok(DeleteResult {
                     path: path.to_string(),

@@ -7,6 +7,7 @@ mod fixture;
 mod auth;
 mod concurrency;
 mod crash;
+mod events;
 mod limits;
 mod listing;
 mod signup;

@@ -1,0 +1,198 @@
+//! `GET /events/` (JSON feed of every event) and `GET /events-stream` (SSE per user).
+//! Every bad request is answered with a 400 JSON error before any stream starts.
+
+use std::convert::Infallible;
+use std::time::Duration;
+
+use axum::Json;
+use axum::extract::{Request, State};
+use axum::response::sse::{Event as SseEvent, KeepAlive, Sse};
+use axum::response::{IntoResponse, Response};
+use futures_util::StreamExt;
+use homeserver_protocol::event::EventPage;
+use homeserver_protocol::{ErrorCode, PublicKey, StoragePath};
+
+use super::AppState;
+use super::error::ApiError;
+use super::extract::url_query_pairs;
+use crate::persistence::metadata::UserCursor;
+use crate::service::events::{
+    DEFAULT_FEED_LIMIT, MAX_FEED_LIMIT, MAX_STREAM_USERS, Subscription, to_wire,
+};
+
+/// Idle streams get a comment line this often, so proxies keep them open.
+const KEEP_ALIVE: Duration = Duration::from_secs(15);
+const MAX_STREAM_LIMIT: u32 = 65535;
+
+fn bad(message: impl Into<String>) -> ApiError {
+    ApiError::new(ErrorCode::BadRequest, message)
+}
+
+fn flag(name: &str, value: &str) -> Result<bool, ApiError> {
+    match value {
+        "true" | "1" | "" => Ok(true),
+        "false" | "0" => Ok(false),
+        _ => Err(bad(format!("{name} must be true or false, got `{value}`"))),
+    }
+}
+
+pub async fn feed(State(app): State<AppState>, request: Request) -> Response {
+    match feed_page(&app, request.uri().clone()).await {
+        Ok(page) => Json(page).into_response(),
+        Err(e) => e.into_response(),
+    }
+}
+
+async fn feed_page(app: &AppState, uri: axum::http::Uri) -> Result<EventPage, ApiError> {
+    let mut cursor = 0u64;
+    let mut limit = DEFAULT_FEED_LIMIT;
+    for (key, value) in uri.query().map(url_query_pairs).into_iter().flatten() {
+        match key.as_str() {
+            "cursor" => {
+                cursor = value.parse().map_err(|_| {
+                    bad(format!("cursor must be an unsigned integer, got `{value}`"))
+                })?;
+            }
+            "limit" => {
+                limit = value
+                    .parse()
+                    .ok()
+                    .filter(|l| (1..=MAX_FEED_LIMIT).contains(l))
+                    .ok_or_else(|| {
+                        bad(format!(
+                            "limit must be from 1 to {MAX_FEED_LIMIT}, got `{value}`"
+                        ))
+                    })?;
+            }
+            _ => {}
+        }
+    }
+    let events = app.events.feed(cursor, limit).await?;
+    let last = events.last().map_or(cursor, |e| e.cursor);
+    Ok(EventPage {
+        events: events.iter().map(to_wire).collect(),
+        cursor: last,
+    })
+}
+
+pub async fn stream(State(app): State<AppState>, request: Request) -> Response {
+    let subscription = match parse_subscription(&request) {
+        Ok(s) => s,
+        Err(e) => return e.into_response(),
+    };
+    let batches = match app.events.subscribe(subscription).await {
+        Ok(b) => b,
+        Err(e) => return ApiError::from(e).into_response(),
+    };
+    let events = batches.flat_map(|batch| {
+        let items: Vec<Result<SseEvent, Infallible>> = match batch {
+            Ok(events) => events
+                .iter()
+                .map(|e| {
+                    let wire = to_wire(e);
+                    Ok(SseEvent::default()
+                        .event(wire.kind.as_str())
+                        .id(wire.cursor.to_string())
+                        .data(wire.sse_data()))
+                })
+                .collect(),
+            Err(e) => {
+                // Headers are sent: say what happened in a final event, then end.
+                tracing::warn!(error = %e, "event stream failed");
+                vec![Ok(SseEvent::default().event("error").data(
+                    "the event stream failed on the server; resume from the last id",
+                ))]
+            }
+        };
+        futures_util::stream::iter(items)
+    });
+    Sse::new(events)
+        .keep_alive(KeepAlive::new().interval(KEEP_ALIVE))
+        .into_response()
+}
+
+fn parse_subscription(request: &Request) -> Result<Subscription, ApiError> {
+    let mut subscription = Subscription {
+        users: Vec::new(),
+        path_prefix: None,
+        limit: None,
+        live: false,
+        reverse: false,
+    };
+    for (key, value) in request
+        .uri()
+        .query()
+        .map(url_query_pairs)
+        .into_iter()
+        .flatten()
+    {
+        match key.as_str() {
+            "user" => {
+                let (key, cursor) = match value.split_once(':') {
+                    Some((k, c)) => (
+                        k,
+                        c.parse::<u64>().map_err(|_| {
+                            bad(format!(
+                                "user cursor must be an unsigned integer, got `{c}`"
+                            ))
+                        })?,
+                    ),
+                    None => (value.as_str(), 0),
+                };
+                let key: PublicKey = key
+                    .parse()
+                    .map_err(|e| bad(format!("invalid user `{key}`: {e}")))?;
+                subscription.users.push(UserCursor {
+                    user: key.to_z32(),
+                    cursor,
+                });
+            }
+            "limit" => {
+                subscription.limit = Some(
+                    value
+                        .parse()
+                        .ok()
+                        .filter(|l| (1..=MAX_STREAM_LIMIT).contains(l))
+                        .ok_or_else(|| {
+                            bad(format!(
+                                "limit must be from 1 to {MAX_STREAM_LIMIT}, got `{value}`"
+                            ))
+                        })?,
+                );
+            }
+            "live" => subscription.live = flag("live", &value)?,
+            "reverse" => subscription.reverse = flag("reverse", &value)?,
+            "path" => {
+                let prefix = if value.starts_with('/') {
+                    value.clone()
+                } else {
+                    format!("/{value}")
+                };
+                StoragePath::parse(&prefix)
+                    .map_err(|e| bad(format!("invalid path filter `{value}`: {e}")))?;
+                subscription.path_prefix = Some(prefix);
+            }
+            _ => {}
+        }
+    }
+    if subscription.users.is_empty() {
+        return Err(bad("at least one user is required (user=<z32>[:cursor])"));
+    }
+    if subscription.users.len() > MAX_STREAM_USERS {
+        return Err(bad(format!(
+            "at most {MAX_STREAM_USERS} users per stream, got {}",
+            subscription.users.len()
+        )));
+    }
+    if subscription.live && subscription.reverse {
+        return Err(bad("live and reverse cannot be combined"));
+    }
+    // The same user twice: keep the lower cursor, so nothing asked for is skipped.
+    subscription
+        .users
+        .sort_by(|a, b| a.user.cmp(&b.user).then(a.cursor.cmp(&b.cursor)));
+    subscription
+        .users
+        .dedup_by(|later, first| later.user == first.user);
+    Ok(subscription)
+}

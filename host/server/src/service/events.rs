@@ -1,0 +1,490 @@
+//! Events: the `/events/` feed and `/events-stream` subscriptions.
+//!
+//! The `events` table is the single source of truth. One tailer task follows it (woken
+//! by every local commit, and polling for commits of other instances) into a bounded
+//! in-memory ring of recent events, then publishes the new head cursor on a `watch`
+//! channel. A subscription walks the cursor line in windows `(pos, head]`: from the ring
+//! when the ring still holds the whole window, otherwise straight from the database.
+//! Windows are contiguous and `pos` only moves to the end of a window it fully read, so
+//! no event is lost or sent twice between the history part and the live part, and a slow
+//! consumer never holds anyone up: it is simply served from the database later. A
+//! thousand subscribers cost one database query per commit batch, not a thousand.
+
+use std::collections::VecDeque;
+use std::sync::{Arc, RwLock};
+use std::time::Duration;
+
+use futures_util::Stream;
+use homeserver_protocol::event::{Event, encode_content_hash, resource_url};
+use tokio::sync::{Notify, watch};
+use tokio_util::sync::CancellationToken;
+
+use super::ServiceError;
+use crate::persistence::MetadataStore;
+use crate::persistence::metadata::{EventQuery, EventRecord, ReverseEventQuery, UserCursor};
+
+/// Events kept in memory for live subscribers.
+const RING_CAPACITY: usize = 16 * 1024;
+/// Rows per database read.
+const BATCH: u32 = 1000;
+/// How often the tailer looks for commits it was not told about (other instances).
+const POLL_INTERVAL: Duration = Duration::from_millis(500);
+
+/// Largest page of `/events/`, and its default.
+pub const MAX_FEED_LIMIT: u32 = 1000;
+pub const DEFAULT_FEED_LIMIT: u32 = 100;
+/// At most this many users per subscription.
+pub const MAX_STREAM_USERS: usize = 50;
+
+pub fn to_wire(e: &EventRecord) -> Event {
+    Event {
+        kind: e.kind,
+        url: resource_url(&e.user, &e.path),
+        cursor: e.cursor,
+        content_hash: e.content_hash.as_ref().map(encode_content_hash),
+    }
+}
+
+struct Ring {
+    events: VecDeque<Arc<EventRecord>>,
+    /// The ring holds every event with a cursor in `(floor, head]`.
+    floor: u64,
+}
+
+pub struct EventHub {
+    metadata: Arc<dyn MetadataStore>,
+    ring: RwLock<Ring>,
+    ring_capacity: usize,
+    head: watch::Sender<u64>,
+    wake: Notify,
+    stop: CancellationToken,
+}
+
+/// What a subscriber asked for.
+#[derive(Debug, Clone)]
+pub struct Subscription {
+    /// The users, each with the cursor to resume after (0 = from the start).
+    pub users: Vec<UserCursor>,
+    pub path_prefix: Option<String>,
+    pub limit: Option<u32>,
+    pub live: bool,
+    pub reverse: bool,
+}
+
+impl Subscription {
+    fn matches(&self, e: &EventRecord) -> bool {
+        self.users
+            .iter()
+            .any(|u| u.user == e.user && e.cursor > u.cursor)
+            && self
+                .path_prefix
+                .as_deref()
+                .is_none_or(|p| e.path.starts_with(p))
+    }
+}
+
+impl EventHub {
+    pub async fn new(
+        metadata: Arc<dyn MetadataStore>,
+        stop: CancellationToken,
+    ) -> Result<Arc<Self>, ServiceError> {
+        Self::with_ring_capacity(metadata, stop, RING_CAPACITY).await
+    }
+
+    /// Like [`new`](Self::new) with a chosen ring size (tests use a tiny one).
+    pub async fn with_ring_capacity(
+        metadata: Arc<dyn MetadataStore>,
+        stop: CancellationToken,
+        ring_capacity: usize,
+    ) -> Result<Arc<Self>, ServiceError> {
+        let head = metadata.latest_cursor().await?;
+        Ok(Arc::new(Self {
+            metadata,
+            ring_capacity,
+            ring: RwLock::new(Ring {
+                events: VecDeque::new(),
+                floor: head,
+            }),
+            head: watch::Sender::new(head),
+            wake: Notify::new(),
+            stop,
+        }))
+    }
+
+    /// Tells the tailer that this process committed an event.
+    pub fn committed(&self) {
+        self.wake.notify_one();
+    }
+
+    /// The newest cursor the hub has seen.
+    pub fn head(&self) -> u64 {
+        *self.head.borrow()
+    }
+
+    /// Live subscribers right now.
+    pub fn subscribers(&self) -> usize {
+        self.head.receiver_count()
+    }
+
+    /// Follows the events table until shutdown.
+    pub async fn run_tailer(self: Arc<Self>) {
+        loop {
+            tokio::select! {
+                _ = self.stop.cancelled() => return,
+                _ = self.wake.notified() => {}
+                _ = tokio::time::sleep(POLL_INTERVAL) => {}
+            }
+            if let Err(e) = self.catch_up().await {
+                tracing::warn!(error = %e, "event tailer could not read new events");
+                tokio::time::sleep(Duration::from_millis(100)).await;
+            }
+        }
+    }
+
+    async fn catch_up(&self) -> Result<(), ServiceError> {
+        loop {
+            let head = self.head();
+            let batch = self
+                .metadata
+                .events(EventQuery {
+                    users: &[],
+                    after: head,
+                    up_to: i64::MAX as u64,
+                    path_prefix: None,
+                    limit: BATCH,
+                })
+                .await?;
+            let Some(last) = batch.last().map(|e| e.cursor) else {
+                return Ok(());
+            };
+            let full = batch.len() == BATCH as usize;
+            {
+                let mut ring = self.ring.write().unwrap_or_else(|p| p.into_inner());
+                ring.events.extend(batch.into_iter().map(Arc::new));
+                while ring.events.len() > self.ring_capacity {
+                    if let Some(old) = ring.events.pop_front() {
+                        ring.floor = old.cursor;
+                    }
+                }
+            }
+            self.head.send_replace(last);
+            if !full {
+                return Ok(());
+            }
+        }
+    }
+
+    /// The ring's events in `(after, up_to]`, or None when the ring does not hold all
+    /// of that window.
+    fn ring_window(&self, after: u64, up_to: u64) -> Option<Vec<Arc<EventRecord>>> {
+        let ring = self.ring.read().unwrap_or_else(|p| p.into_inner());
+        let ring_head = ring.events.back().map_or(ring.floor, |e| e.cursor);
+        if after < ring.floor || up_to > ring_head {
+            return None;
+        }
+        let start = ring.events.partition_point(|e| e.cursor <= after);
+        Some(
+            ring.events
+                .range(start..)
+                .take_while(|e| e.cursor <= up_to)
+                .cloned()
+                .collect(),
+        )
+    }
+
+    /// A page of the feed of all events after `after`.
+    pub async fn feed(&self, after: u64, limit: u32) -> Result<Vec<EventRecord>, ServiceError> {
+        Ok(self
+            .metadata
+            .events(EventQuery {
+                users: &[],
+                after,
+                up_to: i64::MAX as u64,
+                path_prefix: None,
+                limit,
+            })
+            .await?)
+    }
+
+    /// The events of a subscription, in batches, in cursor order (descending when
+    /// reversed). Ends at the history's end unless live; a live stream ends at shutdown.
+    pub async fn subscribe(
+        self: &Arc<Self>,
+        subscription: Subscription,
+    ) -> Result<
+        impl Stream<Item = Result<Vec<Arc<EventRecord>>, ServiceError>> + Send + 'static,
+        ServiceError,
+    > {
+        // The history ends at the newest committed event, which the tailer may not have
+        // seen yet (a client that just wrote expects to see its write).
+        let end = self.metadata.latest_cursor().await?.max(self.head());
+        let state = Cursoring {
+            hub: self.clone(),
+            pos: subscription
+                .users
+                .iter()
+                .map(|u| u.cursor)
+                .min()
+                .unwrap_or(0),
+            before: i64::MAX as u64,
+            end,
+            remaining: subscription.limit,
+            head_rx: self.head.subscribe(),
+            done: false,
+            subscription,
+        };
+        Ok(futures_util::stream::unfold(
+            state,
+            |mut state| async move {
+                let next = if state.subscription.reverse {
+                    state.next_reverse().await
+                } else {
+                    state.next_forward().await
+                };
+                next.map(|batch| (batch, state))
+            },
+        ))
+    }
+}
+
+/// A subscription's position on the cursor line.
+struct Cursoring {
+    hub: Arc<EventHub>,
+    subscription: Subscription,
+    /// Every event at or below `pos` has been considered (forward).
+    pos: u64,
+    /// Every event at or above `before` has been considered (reverse).
+    before: u64,
+    /// The newest event when the subscription started: where history ends.
+    end: u64,
+    remaining: Option<u32>,
+    head_rx: watch::Receiver<u64>,
+    done: bool,
+}
+
+impl Cursoring {
+    fn take(&mut self, mut batch: Vec<Arc<EventRecord>>) -> Vec<Arc<EventRecord>> {
+        if let Some(remaining) = &mut self.remaining {
+            batch.truncate(*remaining as usize);
+            *remaining -= batch.len() as u32;
+            if *remaining == 0 {
+                self.done = true;
+            }
+        }
+        batch
+    }
+
+    async fn next_forward(&mut self) -> Option<Result<Vec<Arc<EventRecord>>, ServiceError>> {
+        loop {
+            if self.done {
+                return None;
+            }
+            let target = if self.subscription.live {
+                self.end.max(*self.head_rx.borrow_and_update())
+            } else {
+                self.end
+            };
+            if self.pos >= target {
+                if !self.subscription.live {
+                    return None;
+                }
+                tokio::select! {
+                    _ = self.hub.stop.cancelled() => return None,
+                    changed = self.head_rx.changed() => {
+                        if changed.is_err() {
+                            return None;
+                        }
+                    }
+                }
+                continue;
+            }
+            let batch = match self.hub.ring_window(self.pos, target) {
+                Some(events) => {
+                    self.pos = target;
+                    events
+                        .into_iter()
+                        .filter(|e| self.subscription.matches(e))
+                        .collect::<Vec<_>>()
+                }
+                None => {
+                    let rows = self
+                        .hub
+                        .metadata
+                        .events(EventQuery {
+                            users: &self.subscription.users,
+                            after: self.pos,
+                            up_to: target,
+                            path_prefix: self.subscription.path_prefix.as_deref(),
+                            limit: BATCH,
+                        })
+                        .await;
+                    let rows = match rows {
+                        Ok(rows) => rows,
+                        Err(e) => {
+                            self.done = true;
+                            return Some(Err(e.into()));
+                        }
+                    };
+                    // A full batch may have more behind it: resume after its last row.
+                    self.pos = match rows.last() {
+                        Some(last) if rows.len() == BATCH as usize => last.cursor,
+                        _ => target,
+                    };
+                    rows.into_iter().map(Arc::new).collect()
+                }
+            };
+            let batch = self.take(batch);
+            if !batch.is_empty() {
+                return Some(Ok(batch));
+            }
+        }
+    }
+
+    async fn next_reverse(&mut self) -> Option<Result<Vec<Arc<EventRecord>>, ServiceError>> {
+        if self.done {
+            return None;
+        }
+        let rows = self
+            .hub
+            .metadata
+            .events_reverse(ReverseEventQuery {
+                users: &self.subscription.users,
+                before: self.before,
+                path_prefix: self.subscription.path_prefix.as_deref(),
+                limit: BATCH,
+            })
+            .await;
+        let rows = match rows {
+            Ok(rows) => rows,
+            Err(e) => {
+                self.done = true;
+                return Some(Err(e.into()));
+            }
+        };
+        if rows.len() < BATCH as usize {
+            self.done = true;
+        }
+        match rows.last() {
+            Some(last) => self.before = last.cursor,
+            None => return None,
+        }
+        let batch = self.take(rows.into_iter().map(Arc::new).collect());
+        if batch.is_empty() {
+            None
+        } else {
+            Some(Ok(batch))
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use futures_util::StreamExt;
+
+    use super::*;
+    use crate::persistence::metadata::{NewEntry, ReplayMark};
+    use crate::persistence::sqlite::SqliteStore;
+
+    async fn put(store: &SqliteStore, user: &str, path: &str, n: u8) {
+        let outcome = store
+            .commit_put(
+                NewEntry {
+                    user,
+                    path,
+                    blob_key: "k",
+                    size: 1,
+                    content_hash: [n; 32],
+                    now: 1,
+                    default_quota: 0,
+                },
+                ReplayMark {
+                    signature_id: *blake3::hash(format!("{path}{n}").as_bytes()).as_bytes(),
+                    expires_at: 0,
+                },
+            )
+            .await
+            .unwrap();
+        assert!(matches!(
+            outcome,
+            crate::persistence::metadata::PutOutcome::Committed { .. }
+        ));
+    }
+
+    /// A subscriber that falls further behind than the ring holds is served from the
+    /// database: it still gets every event once, in order.
+    #[tokio::test]
+    async fn slow_subscriber_catches_up_from_the_database() {
+        let dir = tempfile::tempdir().unwrap();
+        let store = Arc::new(
+            SqliteStore::open(&format!("sqlite://{}/hs.db", dir.path().display()))
+                .await
+                .unwrap(),
+        );
+        let user = "u".repeat(52);
+        store
+            .sign_up(
+                &user,
+                None,
+                1,
+                ReplayMark {
+                    signature_id: [0; 32],
+                    expires_at: 0,
+                },
+            )
+            .await
+            .unwrap();
+        let stop = CancellationToken::new();
+        let hub = EventHub::with_ring_capacity(store.clone(), stop.clone(), 8)
+            .await
+            .unwrap();
+        let tailer = tokio::spawn(hub.clone().run_tailer());
+        let mut stream = Box::pin(
+            hub.subscribe(Subscription {
+                users: vec![UserCursor {
+                    user: user.clone(),
+                    cursor: 0,
+                }],
+                path_prefix: None,
+                limit: None,
+                live: true,
+                reverse: false,
+            })
+            .await
+            .unwrap(),
+        );
+        // 100 commits while the subscriber reads nothing: the ring keeps only 8.
+        for i in 0..100u8 {
+            put(&store, &user, &format!("/pub/{i}"), i).await;
+            hub.committed();
+        }
+        tokio::time::timeout(Duration::from_secs(5), async {
+            while hub.head() < 100 {
+                tokio::time::sleep(Duration::from_millis(5)).await;
+            }
+        })
+        .await
+        .unwrap();
+        let mut cursors = Vec::new();
+        while cursors.len() < 100 {
+            let batch = tokio::time::timeout(Duration::from_secs(5), stream.next())
+                .await
+                .unwrap()
+                .unwrap()
+                .unwrap();
+            cursors.extend(batch.iter().map(|e| e.cursor));
+        }
+        assert_eq!(cursors, (1..=100).collect::<Vec<u64>>());
+        // And live again after catching up.
+        put(&store, &user, "/pub/late", 200).await;
+        hub.committed();
+        let batch = tokio::time::timeout(Duration::from_secs(5), stream.next())
+            .await
+            .unwrap()
+            .unwrap()
+            .unwrap();
+        assert_eq!(batch[0].cursor, 101);
+        stop.cancel();
+        assert!(stream.next().await.is_none(), "shutdown ends live streams");
+        tailer.await.unwrap();
+    }
+}
