@@ -1,0 +1,239 @@
+#!/usr/bin/env bash
+# Benchmarks the homeserver against a bare-hyper baseline on this machine and prints a
+# markdown table (for docs/BENCHMARKS.md) on stdout; progress goes to stderr.
+#
+#   host/loadgen/bench.sh                 # everything, defaults below
+#   BENCH_DURATION=3 BENCH_WARMUP=1 host/loadgen/bench.sh
+#
+# Steps: release build; baseline server answering `static` with a 1 KiB (then 1 MiB)
+# body; then the homeserver on a throwaway data dir (SQLite + file blobs, unlimited quota,
+# rate limits off) under every scenario. Every process started here is killed on exit.
+# Client and servers share the machine's cores, as in every figure of the table.
+#
+# Environment (defaults in brackets):
+#   BENCH_DURATION [10]         measured seconds per scenario
+#   BENCH_WARMUP [2]            warm-up seconds per scenario (not measured)
+#   BENCH_CONNECTIONS [32]      connections for the 1 KiB scenarios
+#   BENCH_CONNECTIONS_1M [8]    connections for the 1 MiB scenarios
+#   BENCH_THREADS []            hs-load worker threads (empty: one per core)
+#   BENCH_SCENARIOS [put-1k get-1k public-get-1k put-1m get-1m public-get-1m]
+#   BENCH_BASELINE_ONLY [0]     1: build and measure only the baseline
+#   BENCH_SERVER_LOG [warn]     RUST_LOG for the homeserver
+#   BENCH_KEEP_TMP [0]          1: keep the throwaway data dir (path printed)
+#   BENCH_POLICIES_DIR [policies/]  guests copied into the throwaway policies dir
+# put-1m writes a new 1 MiB value per request: expect a few GiB in the temp dir.
+
+set -euo pipefail
+
+DURATION=${BENCH_DURATION:-10}
+WARMUP=${BENCH_WARMUP:-2}
+CONNECTIONS=${BENCH_CONNECTIONS:-32}
+CONNECTIONS_1M=${BENCH_CONNECTIONS_1M:-8}
+THREADS=${BENCH_THREADS:-}
+SCENARIOS=${BENCH_SCENARIOS:-put-1k get-1k public-get-1k put-1m get-1m public-get-1m}
+BASELINE_ONLY=${BENCH_BASELINE_ONLY:-0}
+SERVER_LOG=${BENCH_SERVER_LOG:-warn}
+KEEP_TMP=${BENCH_KEEP_TMP:-0}
+
+ROOT=$(cd "$(dirname "${BASH_SOURCE[0]}")/../.." && pwd)
+TARGET_DIR=${CARGO_TARGET_DIR:-$ROOT/target}
+LOAD=$TARGET_DIR/release/hs-load
+HOMESERVER=$TARGET_DIR/release/homeserver
+POLICIES_SRC=${BENCH_POLICIES_DIR:-$ROOT/policies}
+
+TMP=$(mktemp -d "${TMPDIR:-/tmp}/hs-bench.XXXXXX")
+PIDS=()
+USED_PORTS=" "
+PORT=
+ROWS=()
+FAILED=0
+
+log() { echo "bench: $*" >&2; }
+
+cleanup() {
+    local pid
+    for pid in "${PIDS[@]}"; do
+        kill "$pid" 2>/dev/null || true
+    done
+    for pid in "${PIDS[@]}"; do
+        wait "$pid" 2>/dev/null || true
+    done
+    if [[ $KEEP_TMP == 1 ]]; then
+        log "kept $TMP"
+    else
+        rm -rf "$TMP"
+    fi
+}
+trap cleanup EXIT
+trap 'exit 130' INT TERM
+
+# Stops one process started here (by its id) and forgets it.
+stop() {
+    local pid=$1 keep=() p
+    kill "$pid" 2>/dev/null || true
+    wait "$pid" 2>/dev/null || true
+    for p in "${PIDS[@]}"; do
+        [[ $p == "$pid" ]] || keep+=("$p")
+    done
+    PIDS=("${keep[@]}")
+}
+
+# Whether the homeserver's embedded defaults have a `[NAME]` section.
+has_section() { grep -q "^\[$1\]" "$ROOT/host/server/config.default.toml" 2>/dev/null; }
+
+port_open() { (exec 3<>"/dev/tcp/127.0.0.1/$1") 2>/dev/null; }
+
+# Sets PORT to a loopback port nobody listens on and not handed out before by this
+# script (a variable, not output: a $(...) subshell would forget USED_PORTS).
+free_port() {
+    local port
+    for _ in $(seq 1 200); do
+        port=$((20000 + RANDOM % 40000))
+        if [[ $USED_PORTS != *" $port "* ]] && ! port_open "$port"; then
+            USED_PORTS+="$port "
+            PORT=$port
+            return 0
+        fi
+    done
+    log "no free port found"
+    return 1
+}
+
+# Waits until $2 accepts connections, failing early if process $1 died.
+wait_port() {
+    local pid=$1 port=$2 log_file=${3:-}
+    for _ in $(seq 1 300); do
+        if ! kill -0 "$pid" 2>/dev/null; then
+            log "process $pid exited before listening on $port"
+            [[ -n $log_file ]] && tail -n 30 "$log_file" >&2
+            return 1
+        fi
+        port_open "$port" && return 0
+        sleep 0.1
+    done
+    log "nothing listens on $port after 30 s"
+    [[ -n $log_file ]] && tail -n 30 "$log_file" >&2
+    return 1
+}
+
+# measure SERVER_LABEL PORT SCENARIO CONNECTIONS: runs hs-load, appends a table row.
+measure() {
+    local label=$1 port=$2 scenario=$3 connections=$4 line
+    local args=(run --url "http://127.0.0.1:$port" --scenario "$scenario"
+        --connections "$connections" --duration "$DURATION" --warmup "$WARMUP")
+    [[ -n $THREADS ]] && args+=(--threads "$THREADS")
+    log "$label: $scenario, $connections connections, ${WARMUP}+${DURATION} s"
+    if line=$("$LOAD" "${args[@]}"); then
+        log "  $line"
+        ROWS+=("$(awk -v server="$label" '{
+            for (i = 1; i <= NF; i++) {
+                n = index($i, "="); k = substr($i, 1, n - 1); v = substr($i, n + 1)
+                sub(/ms$/, "", v); f[k] = v
+            }
+            printf "| %s | %s | %s | %s | %s | %s | %s | %s | %s | %s |\n", server,
+                f["scenario"], f["connections"], f["requests"], f["errors"], f["req/s"],
+                f["p50"], f["p90"], f["p99"], f["max"]
+        }' <<<"$line")")
+    else
+        log "  $scenario failed"
+        ROWS+=("| $label | $scenario | $connections | failed | | | | | | |")
+        FAILED=1
+    fi
+}
+
+# ---- build ----
+packages=(-p hs-loadgen)
+[[ $BASELINE_ONLY == 1 ]] || packages+=(-p homeserver)
+log "building release binaries (${packages[*]})"
+(cd "$ROOT" && cargo build --release "${packages[@]}" >&2)
+
+# ---- baseline ----
+for body in 1024 1048576; do
+    free_port
+    port=$PORT
+    "$LOAD" baseline --listen "127.0.0.1:$port" --body-bytes "$body" 2>"$TMP/baseline.log" &
+    pid=$!
+    PIDS+=("$pid")
+    wait_port "$pid" "$port" "$TMP/baseline.log"
+    if [[ $body == 1024 ]]; then
+        measure "baseline (1 KiB body)" "$port" static "$CONNECTIONS"
+    else
+        measure "baseline (1 MiB body)" "$port" static "$CONNECTIONS_1M"
+    fi
+    stop "$pid"
+done
+
+# ---- homeserver ----
+if [[ $BASELINE_ONLY != 1 ]]; then
+    free_port
+    port=$PORT
+    free_port
+    admin_port=$PORT
+    free_port
+    metrics_port=$PORT
+    free_port
+    tls_port=$PORT
+    mkdir -p "$TMP/policies" "$TMP/blobs"
+    # The guests the repository ships (a copy: the server may write next to them).
+    if [[ -d $POLICIES_SRC ]]; then
+        cp -R "$POLICIES_SRC/." "$TMP/policies/"
+    fi
+    log "homeserver on 127.0.0.1:$port, data in $TMP"
+    (
+        cd "$TMP"
+        export RUST_LOG=$SERVER_LOG
+        export HOMESERVER__HTTP__LISTEN=127.0.0.1:$port
+        # Its other listeners get free ports too, so parallel test servers don't collide.
+        # The server refuses unknown config keys, so only sections its defaults have.
+        if has_section admin; then
+            export HOMESERVER__ADMIN__LISTEN=127.0.0.1:$admin_port
+            export HOMESERVER__ADMIN__PASSWORD=bench-$RANDOM$RANDOM$RANDOM
+        fi
+        if has_section metrics; then
+            export HOMESERVER__METRICS__LISTEN=127.0.0.1:$metrics_port
+        fi
+        if has_section tls; then
+            export HOMESERVER__TLS__LISTEN=127.0.0.1:$tls_port
+        fi
+        export HOMESERVER__STORAGE__DATABASE_URL=sqlite://$TMP/hs.db
+        export HOMESERVER__STORAGE__BLOBS=file://$TMP/blobs
+        export HOMESERVER__STORAGE__QUOTA_BYTES=0
+        export HOMESERVER__KEYS__SECRET_KEY_FILE=$TMP/server.key
+        export HOMESERVER__POLICIES__DIR=$TMP/policies
+        export HOMESERVER__SIGNUP__MODE=open
+        if has_section rate_limit; then
+            export HOMESERVER__RATE_LIMIT__ENABLED=false
+        fi
+        exec "$HOMESERVER"
+    ) >"$TMP/homeserver.log" 2>&1 &
+    pid=$!
+    PIDS+=("$pid")
+    wait_port "$pid" "$port" "$TMP/homeserver.log"
+    for scenario in $SCENARIOS; do
+        if [[ $scenario == *-1m ]]; then
+            measure homeserver "$port" "$scenario" "$CONNECTIONS_1M"
+        else
+            measure homeserver "$port" "$scenario" "$CONNECTIONS"
+        fi
+        if ! kill -0 "$pid" 2>/dev/null; then
+            log "homeserver died; log tail:"
+            tail -n 30 "$TMP/homeserver.log" >&2
+            FAILED=1
+            break
+        fi
+    done
+    stop "$pid"
+fi
+
+# ---- report ----
+cpu=$(grep -m1 'model name' /proc/cpuinfo 2>/dev/null | cut -d: -f2- | sed 's/^ *//')
+cat <<EOF
+Machine: $(nproc) cores, ${cpu:-unknown CPU}, $(uname -sr); $(rustc -V)
+Load: hs-load on the same machine, ${WARMUP} s warm-up then ${DURATION} s measured per row; \
+threads: ${THREADS:-one per core}; latencies in ms. Date: $(date -u +%Y-%m-%dT%H:%MZ).
+
+| server | scenario | connections | requests | errors | req/s | p50 | p90 | p99 | max |
+|---|---|---:|---:|---:|---:|---:|---:|---:|---:|
+EOF
+printf '%s\n' "${ROWS[@]}"
+exit "$FAILED"

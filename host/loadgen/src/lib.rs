@@ -1,0 +1,18 @@
+//! Load generator for the homeserver, and the raw-hyper baseline it is compared with.
+//!
+//! - [`cli`]: the `hs-load` command line (`baseline`, `run`) and the runtimes it builds.
+//! - [`baseline`]: a bare hyper HTTP/1.1 server answering every request with a fixed body:
+//!   the ceiling a homeserver on the same machine could reach.
+//! - [`target`]: the `--url` guard: only plain-HTTP loopback servers are ever contacted.
+//! - [`scenario`]: what each scenario sends (paths, bodies, signed headers) and its set-up.
+//! - [`driver`]: the timed run: N keep-alive connections sending back to back.
+//! - [`summary`]: latency percentiles and status counts, as a text line or JSON.
+
+#![cfg_attr(test, allow(clippy::unwrap_used))]
+
+pub mod baseline;
+pub mod cli;
+pub mod driver;
+pub mod scenario;
+pub mod summary;
+pub mod target;
