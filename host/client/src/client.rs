@@ -119,6 +119,11 @@ impl PkClient {
         &self.base
     }
 
+    /// The HTTP client requests go through.
+    pub(crate) fn http(&self) -> &reqwest::Client {
+        &self.http
+    }
+
     pub fn keypair(&self) -> Option<&Keypair> {
         self.keypair.as_ref()
     }
@@ -445,7 +450,7 @@ fn listing_path(path: &str) -> Result<StoragePath, ClientError> {
     Ok(parsed)
 }
 
-fn storage_path(path: &str) -> Result<StoragePath, ClientError> {
+pub(crate) fn storage_path(path: &str) -> Result<StoragePath, ClientError> {
     StoragePath::parse(path).map_err(|source| ClientError::InvalidPath {
         path: path.to_owned(),
         source,
@@ -469,7 +474,7 @@ fn hash_file(mut file: std::fs::File) -> std::io::Result<(std::fs::File, BodyHas
 }
 
 /// Passes a 2xx answer through; turns any other into a [`ClientError`].
-async fn check(response: Response) -> Result<Response, ClientError> {
+pub(crate) async fn check(response: Response) -> Result<Response, ClientError> {
     let status = response.status();
     if status.is_success() {
         return Ok(response);
@@ -478,7 +483,9 @@ async fn check(response: Response) -> Result<Response, ClientError> {
     Err(ClientError::from_response_body(status, &body))
 }
 
-async fn json<T: serde::de::DeserializeOwned>(response: Response) -> Result<T, ClientError> {
+pub(crate) async fn json<T: serde::de::DeserializeOwned>(
+    response: Response,
+) -> Result<T, ClientError> {
     let body = response.bytes().await?;
     from_slice(&body).map_err(|e| ClientError::InvalidResponse(e.to_string()))
 }

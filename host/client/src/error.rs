@@ -4,6 +4,7 @@
 //! Display strings never repeat their source: print the `source()` chain to get the
 //! whole story (the `pk` tool does).
 
+use homeserver_protocol::event::EventParseError;
 use homeserver_protocol::{ErrorBody, ErrorCode, PathError};
 use reqwest::StatusCode;
 
@@ -21,6 +22,18 @@ pub enum ClientError {
     /// A 2xx answer whose body is not what the API documents.
     #[error("unexpected response from the homeserver: {0}")]
     InvalidResponse(String),
+
+    /// An event on `/events-stream` that does not follow the event wire format.
+    #[error("invalid event from the homeserver")]
+    InvalidEvent {
+        #[source]
+        source: EventParseError,
+    },
+
+    /// The server ended an event stream that had already started with an `error` event;
+    /// `message` is what it said. Resume after the last cursor received.
+    #[error("the homeserver ended the event stream with an error: {message}")]
+    StreamFailed { message: String },
 
     /// Connecting, sending or receiving failed.
     #[error("request to the homeserver failed")]

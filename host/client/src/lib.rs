@@ -7,6 +7,8 @@
 //! a replay, streaming bodies in and out, and turning error responses into typed errors.
 //!
 //! - [`client`]: [`PkClient`] and its operations (signup, put, get, head, list, delete).
+//! - [`events`]: the event feed ([`PkClient::events`]) and event streams
+//!   ([`PkClient::stream`], Server-Sent Events).
 //! - [`target`]: request targets (path plus `?query`), the exact string that is signed.
 //! - [`clock`]: timestamps for signed writes.
 //! - [`response`]: streamed GET answers and entry metadata from headers.
@@ -18,15 +20,18 @@
 pub mod client;
 pub mod clock;
 pub mod error;
+pub mod events;
 pub mod response;
 pub mod target;
 
 pub use client::{DEFAULT_HOMESERVER, PUBKY_HOST_HEADER, PkClient};
 pub use error::ClientError;
+pub use events::StreamRequest;
 pub use response::{EntryMeta, GetResponse};
 pub use target::ListOptions;
 
 /// The protocol crate, re-exported so users of the client need no second dependency.
 pub use homeserver_protocol as protocol;
+pub use homeserver_protocol::event::{Event, EventKind, EventPage};
 pub use homeserver_protocol::wire::{DeleteResult, ListEntry, ListResult, PutResult, SignupResult};
 pub use homeserver_protocol::{ErrorBody, ErrorCode, Keypair, PublicKey, StoragePath};

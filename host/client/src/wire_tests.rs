@@ -1,16 +1,22 @@
 //! Wire-level tests of [`PkClient`](crate::PkClient) against a scripted HTTP server that
 //! records every request: what is signed is exactly what is sent, bodies arrive intact,
 //! public reads carry `Pubky-Host`, errors are typed, and a replay refusal is retried.
+//! Events: feed and stream requests carry the asked-for query and no credentials, SSE
+//! bodies become events as they arrive, and refusals are typed before any event.
 
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
 
+use std::time::Duration;
+
+use futures_util::StreamExt;
+use homeserver_protocol::event::{Event, EventKind, EventParseError};
 use homeserver_protocol::{AuthHeader, BodyHash, ErrorCode, Keypair};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::TcpListener;
 
 use crate::clock::unix_now;
-use crate::{ClientError, ListOptions, PkClient};
+use crate::{ClientError, ListOptions, PkClient, StreamRequest};
 
 #[derive(Debug, Clone)]
 struct Recorded {
@@ -465,4 +471,230 @@ async fn signup_sends_the_token_in_the_signed_query() {
     assert_eq!(req.target, "/signup?signup_token=ABCD-EFGH-JKMN");
     assert!(req.body.is_empty());
     req.verify();
+}
+
+fn sse(body: &str) -> Reply {
+    Reply {
+        status: 200,
+        headers: vec![("content-type", "text/event-stream".into())],
+        body: body.as_bytes().to_vec(),
+    }
+}
+
+fn user_url(seed: u8, path: &str) -> String {
+    format!(
+        "pk://{}/{path}",
+        Keypair::from_seed(&[seed; 32]).public_key().to_z32()
+    )
+}
+
+#[tokio::test]
+async fn feed_pages_are_read_without_credentials() {
+    let body = format!(
+        r#"{{"events":[{{"type":"PUT","url":"{}","cursor":6,"content_hash":"AQ=="}},{{"type":"DEL","url":"{}","cursor":9}}],"cursor":9}}"#,
+        user_url(1, "pub/a"),
+        user_url(1, "pub/a")
+    );
+    let (base, seen) = serve(Arc::new(move |_: &Recorded, _| json(200, &body))).await;
+    let client = PkClient::new(&base, Some(keypair())).unwrap();
+    let page = client.events(5, Some(2)).await.unwrap();
+    assert_eq!(page.cursor, 9);
+    assert_eq!(
+        page.events
+            .iter()
+            .map(|e| (e.kind, e.cursor, e.content_hash.as_deref()))
+            .collect::<Vec<_>>(),
+        [(EventKind::Put, 6, Some("AQ==")), (EventKind::Del, 9, None)]
+    );
+    client.events(0, None).await.unwrap();
+    let seen = seen.lock().unwrap();
+    assert_eq!(seen[0].method, "GET");
+    assert_eq!(seen[0].target, "/events/?cursor=5&limit=2");
+    assert_eq!(seen[1].target, "/events/?cursor=0");
+    for req in seen.iter() {
+        assert!(!req.headers.contains_key("authorization"));
+        assert!(!req.headers.contains_key("pubky-host"));
+    }
+}
+
+#[tokio::test]
+async fn stream_sends_the_query_and_maps_each_event() {
+    let body = format!(
+        ": hello\n\n\
+         event: PUT\nid: 3\ndata: {}\ndata: cursor: 3\ndata: content_hash: AQ==\n\n\
+         :\n\n\
+         event: DEL\nid: 4\ndata: {}\ndata: cursor: 4\n\n",
+        user_url(1, "pub/app/x"),
+        user_url(2, "pub/app/y")
+    );
+    let (base, seen) = serve(Arc::new(move |_: &Recorded, _| sse(&body))).await;
+    let client = PkClient::new(&base, Some(keypair())).unwrap();
+    let (a, b) = (
+        Keypair::from_seed(&[1; 32]).public_key(),
+        Keypair::from_seed(&[2; 32]).public_key(),
+    );
+    let request = StreamRequest::new()
+        .user(a)
+        .user_after(b, 2)
+        .limit(10)
+        .path("/pub/app/");
+    let events: Vec<Event> = client
+        .stream(request)
+        .await
+        .unwrap()
+        .map(Result::unwrap)
+        .collect()
+        .await;
+    assert_eq!(
+        events,
+        [
+            Event {
+                kind: EventKind::Put,
+                url: user_url(1, "pub/app/x"),
+                cursor: 3,
+                content_hash: Some("AQ==".into()),
+            },
+            Event {
+                kind: EventKind::Del,
+                url: user_url(2, "pub/app/y"),
+                cursor: 4,
+                content_hash: None,
+            },
+        ]
+    );
+    let req = seen.lock().unwrap()[0].clone();
+    assert_eq!(req.method, "GET");
+    assert_eq!(
+        req.target,
+        format!(
+            "/events-stream?user={}&user={}%3A2&limit=10&path=%2Fpub%2Fapp%2F",
+            a.to_z32(),
+            b.to_z32()
+        )
+    );
+    assert_eq!(req.headers["accept"], "text/event-stream");
+    assert!(!req.headers.contains_key("authorization"));
+}
+
+#[tokio::test]
+async fn stream_refusals_are_typed_before_any_event() {
+    let (base, _) = serve(Arc::new(|req: &Recorded, _| {
+        if req.target.contains("limit=0") {
+            json(
+                400,
+                r#"{"error":"bad_request","message":"limit must be from 1 to 65535, got `0`"}"#,
+            )
+        } else if req.target.contains("live") {
+            json(200, r#"{"events":[]}"#)
+        } else {
+            sse("event: PUT\ndata: pk://a/pub/x\n\nevent: PUT\ndata: pk://a/pub/y\ndata: cursor: 2\n\n")
+        }
+    }))
+    .await;
+    let client = PkClient::new(&base, None).unwrap();
+    let a = Keypair::from_seed(&[1; 32]).public_key();
+    let Err(err) = client.stream(StreamRequest::new().user(a).limit(0)).await else {
+        panic!("a refused stream must fail before streaming");
+    };
+    assert_eq!(err.code(), Some(ErrorCode::BadRequest));
+    assert_eq!(
+        err.to_string(),
+        "bad_request (400): limit must be from 1 to 65535, got `0`"
+    );
+    let Err(err) = client.stream(StreamRequest::new().user(a).live(true)).await else {
+        panic!("a JSON answer is not an event stream");
+    };
+    assert!(matches!(err, ClientError::InvalidResponse(_)), "{err:?}");
+    // A malformed event ends the stream with a typed error; nothing after it is read.
+    let got: Vec<_> = client
+        .stream(StreamRequest::new().user(a))
+        .await
+        .unwrap()
+        .collect()
+        .await;
+    assert!(
+        matches!(
+            &got[..],
+            [Err(ClientError::InvalidEvent {
+                source: EventParseError::Missing("cursor")
+            })]
+        ),
+        "{got:?}"
+    );
+}
+
+/// An SSE server that sends the first event, waits for the test to say go, then sends a
+/// keep-alive, the second event and closes: events must arrive while the body is open.
+#[tokio::test]
+async fn live_events_arrive_before_the_body_ends() {
+    let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let base = format!("http://{}", listener.local_addr().unwrap());
+    let (go_tx, go_rx) = tokio::sync::oneshot::channel::<()>();
+    let first = user_url(1, "pub/live/1");
+    let second = user_url(1, "pub/live/2");
+    let (first_sent, second_sent) = (first.clone(), second.clone());
+    tokio::spawn(async move {
+        let (mut socket, _) = listener.accept().await.unwrap();
+        let mut head = Vec::new();
+        while !head.ends_with(b"\r\n\r\n") {
+            let mut byte = [0u8; 1];
+            assert_eq!(socket.read(&mut byte).await.unwrap(), 1);
+            head.push(byte[0]);
+        }
+        let start = format!(
+            "HTTP/1.1 200 OK\r\ncontent-type: text/event-stream\r\nconnection: close\r\n\r\n\
+             event: PUT\nid: 1\ndata: {first_sent}\ndata: cursor: 1\ndata: content_hash: AQ==\n\n"
+        );
+        socket.write_all(start.as_bytes()).await.unwrap();
+        go_rx.await.unwrap();
+        let rest = format!(":\n\nevent: DEL\nid: 2\ndata: {second_sent}\ndata: cursor: 2\n\n");
+        socket.write_all(rest.as_bytes()).await.unwrap();
+        let _ = socket.shutdown().await;
+    });
+    let client = PkClient::new(&base, None).unwrap();
+    let a = Keypair::from_seed(&[1; 32]).public_key();
+    let mut events = client
+        .stream(StreamRequest::new().user(a).live(true))
+        .await
+        .unwrap();
+    let one = tokio::time::timeout(Duration::from_secs(10), events.next())
+        .await
+        .expect("the first event arrives while the stream is open")
+        .unwrap()
+        .unwrap();
+    assert_eq!((one.url.as_str(), one.cursor), (first.as_str(), 1));
+    go_tx.send(()).unwrap();
+    let two = events.next().await.unwrap().unwrap();
+    assert_eq!(
+        (two.kind, two.url.as_str(), two.cursor),
+        (EventKind::Del, second.as_str(), 2)
+    );
+    assert!(events.next().await.is_none());
+}
+
+#[tokio::test]
+async fn server_error_event_ends_the_stream() {
+    let body = format!(
+        "event: PUT\nid: 1\ndata: {}\ndata: cursor: 1\ndata: content_hash: AQ==\n\n\
+         event: error\ndata: the event stream failed on the server; resume from the last id\n\n",
+        user_url(1, "pub/a")
+    );
+    let (base, _) = serve(Arc::new(move |_: &Recorded, _| sse(&body))).await;
+    let client = PkClient::new(&base, None).unwrap();
+    let a = Keypair::from_seed(&[1; 32]).public_key();
+    let got: Vec<_> = client
+        .stream(StreamRequest::new().user(a))
+        .await
+        .unwrap()
+        .collect()
+        .await;
+    assert_eq!(got.len(), 2);
+    assert_eq!(got[0].as_ref().unwrap().cursor, 1);
+    let err = got[1].as_ref().unwrap_err();
+    assert!(matches!(err, ClientError::StreamFailed { .. }), "{err:?}");
+    assert_eq!(
+        err.to_string(),
+        "the homeserver ended the event stream with an error: the event stream failed on the \
+         server; resume from the last id"
+    );
 }

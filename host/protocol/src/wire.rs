@@ -77,3 +77,12 @@ mod tests {
         }
     }
 }
+
+/// Answer to `GET /signup_tokens/{token}`.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct SignupTokenStatus {
+    /// `valid` (unused) or `used`.
+    pub status: String,
+    /// ISO 8601 UTC, e.g. `2026-11-22T04:13:00Z`.
+    pub created_at: String,
+}

@@ -6,21 +6,23 @@ use std::net::SocketAddr;
 use std::sync::Arc;
 use std::time::Duration;
 
-use axum::serve::ListenerExt;
 use homeserver_protocol::Keypair;
 use tokio::net::TcpListener;
 use tokio::task::JoinSet;
 use tokio_util::sync::CancellationToken;
 
-use crate::client_server;
 use crate::config::Config;
+use crate::metrics::Metrics;
 use crate::persistence::sqlite::SqliteStore;
 use crate::persistence::{BlobStore, MetadataStore};
+use crate::rate_limit::RateLimits;
 use crate::server_key;
+use crate::service::admin::AdminService;
 use crate::service::events::EventHub;
 use crate::service::now_secs;
 use crate::service::signup::SignupService;
 use crate::service::storage::{StorageLimits, StorageService};
+use crate::{admin_server, client_server, metrics_server, serve};
 
 /// How often expired replay marks are purged.
 const REPLAY_PURGE_INTERVAL: Duration = Duration::from_secs(60);
@@ -38,6 +40,8 @@ pub enum StartError {
     Blobs(#[from] crate::persistence::BlobError),
     #[error(transparent)]
     ServerKey(#[from] server_key::ServerKeyError),
+    #[error("metrics: {0}")]
+    Metrics(#[from] prometheus::Error),
     #[error("cannot listen on {address} ({listener}): {source}")]
     Bind {
         listener: &'static str,
@@ -54,6 +58,9 @@ pub struct AppContext {
     pub storage: StorageService,
     pub signup: SignupService,
     pub events: Arc<EventHub>,
+    pub admin: AdminService,
+    pub metrics: Arc<Metrics>,
+    pub rate_limits: RateLimits,
     pub server_key: Keypair,
     sqlite: Option<Arc<SqliteStore>>,
 }
@@ -68,10 +75,20 @@ impl AppContext {
         let limits = StorageLimits {
             max_value_bytes: config.storage.max_value_bytes,
             quota_bytes: config.storage.quota_bytes,
+            body_idle_timeout: Duration::from_secs(config.http.body_idle_timeout_secs),
         };
         let events = EventHub::new(metadata.clone(), shutdown).await?;
         Ok(Self {
             storage: StorageService::new(metadata.clone(), blobs.clone(), limits, events.clone()),
+            admin: AdminService::new(
+                metadata.clone(),
+                blobs.clone(),
+                events.clone(),
+                config.storage.quota_bytes,
+                config.signup.mode,
+            ),
+            metrics: Arc::new(Metrics::new()?),
+            rate_limits: RateLimits::new(&config.rate_limit),
             events,
             signup: SignupService::new(metadata.clone(), config.signup.mode),
             metadata,
@@ -87,6 +104,8 @@ impl AppContext {
 pub struct Homeserver {
     context: Arc<AppContext>,
     http_addr: SocketAddr,
+    admin_addr: Option<SocketAddr>,
+    metrics_addr: Option<SocketAddr>,
     shutdown: CancellationToken,
     tasks: JoinSet<()>,
 }
@@ -96,41 +115,55 @@ impl Homeserver {
     pub async fn start(config: Config) -> Result<Self, StartError> {
         let shutdown = CancellationToken::new();
         let context = Arc::new(AppContext::build(config, shutdown.clone()).await?);
-        let address = context.config.http.listen;
-        let http = TcpListener::bind(address)
-            .await
-            .map_err(|source| StartError::Bind {
-                listener: "http",
-                address,
-                source,
-            })?;
-        let http_addr = http.local_addr().map_err(|source| StartError::Bind {
-            listener: "http",
-            address,
-            source,
-        })?;
+        let config = &context.config;
+
+        // Bind everything first: a port in use fails the start before anything serves.
+        let http = bind("http", config.http.listen).await?;
+        let admin = match config.admin.password.is_empty() {
+            true => None,
+            false => Some(bind("admin", config.admin.listen).await?),
+        };
+        let metrics = match config.metrics.listen {
+            Some(address) => Some(bind("metrics", address).await?),
+            None => None,
+        };
 
         let mut tasks = JoinSet::new();
-
-        let router = client_server::router(context.clone())
-            .into_make_service_with_connect_info::<SocketAddr>();
-        let stop = shutdown.clone();
-        tasks.spawn(async move {
-            // Without TCP_NODELAY a response written in two parts (headers, then a
-            // streamed body) waits ~40 ms for the peer's delayed ACK.
-            let http = http.tap_io(|tcp| {
-                if let Err(e) = tcp.set_nodelay(true) {
-                    tracing::debug!(error = %e, "could not set TCP_NODELAY");
-                }
-            });
-            let served = axum::serve(http, router)
-                .with_graceful_shutdown(async move { stop.cancelled().await })
-                .await;
-            if let Err(e) = served {
-                tracing::error!(error = %e, "http listener failed");
-            }
-        });
+        let header_timeout = Duration::from_secs(config.http.header_read_timeout_secs);
+        let http_addr = http.1;
+        tasks.spawn(serve::serve(
+            "http",
+            http.0,
+            client_server::router(context.clone()),
+            shutdown.clone(),
+            header_timeout,
+        ));
         tracing::info!(listener = "http", address = %http_addr, "listening");
+        let admin_addr = admin.as_ref().map(|(_, a)| *a);
+        match admin {
+            Some((listener, address)) => {
+                tasks.spawn(serve::serve(
+                    "admin",
+                    listener,
+                    admin_server::router(context.clone()),
+                    shutdown.clone(),
+                    header_timeout,
+                ));
+                tracing::info!(listener = "admin", %address, "listening");
+            }
+            None => tracing::info!("admin server off (set admin.password to enable it)"),
+        }
+        let metrics_addr = metrics.as_ref().map(|(_, a)| *a);
+        if let Some((listener, address)) = metrics {
+            tasks.spawn(serve::serve(
+                "metrics",
+                listener,
+                metrics_server::router(context.clone()),
+                shutdown.clone(),
+                header_timeout,
+            ));
+            tracing::info!(listener = "metrics", %address, "listening");
+        }
         tracing::info!(public_key = %context.server_key.public_key(), "server identity");
 
         tasks.spawn(context.events.clone().run_tailer());
@@ -140,9 +173,21 @@ impl Homeserver {
         Ok(Self {
             context,
             http_addr,
+            admin_addr,
+            metrics_addr,
             shutdown,
             tasks,
         })
+    }
+
+    /// Where the admin server listens (None when it is off).
+    pub fn admin_addr(&self) -> Option<SocketAddr> {
+        self.admin_addr
+    }
+
+    /// Where the metrics server listens (None when it is off).
+    pub fn metrics_addr(&self) -> Option<SocketAddr> {
+        self.metrics_addr
     }
 
     pub fn http_addr(&self) -> SocketAddr {
@@ -192,6 +237,20 @@ async fn wait_for_signal() {
     }
 }
 
+async fn bind(
+    listener: &'static str,
+    address: SocketAddr,
+) -> Result<(TcpListener, SocketAddr), StartError> {
+    let error = |source| StartError::Bind {
+        listener,
+        address,
+        source,
+    };
+    let bound = TcpListener::bind(address).await.map_err(error)?;
+    let local = bound.local_addr().map_err(error)?;
+    Ok((bound, local))
+}
+
 async fn purge_replay_marks(context: Arc<AppContext>, stop: CancellationToken) {
     let mut tick = tokio::time::interval(REPLAY_PURGE_INTERVAL);
     loop {
@@ -202,6 +261,7 @@ async fn purge_replay_marks(context: Arc<AppContext>, stop: CancellationToken) {
         if let Err(e) = context.metadata.purge_replay_marks(now_secs()).await {
             tracing::warn!(error = %e, "purging replay marks failed");
         }
+        context.rate_limits.retain_recent();
     }
 }
 

@@ -16,6 +16,9 @@ pub const DEFAULT_CONFIG: &str = include_str!("../config.default.toml");
 #[serde(deny_unknown_fields)]
 pub struct Config {
     pub http: HttpConfig,
+    pub admin: AdminConfig,
+    pub metrics: MetricsConfig,
+    pub rate_limit: RateLimitConfig,
     pub storage: StorageConfig,
     pub signup: SignupConfig,
     pub policies: PoliciesConfig,
@@ -28,6 +31,63 @@ pub struct Config {
 pub struct HttpConfig {
     /// Address of the plain HTTP API listener.
     pub listen: SocketAddr,
+    /// Seconds a client has to send its request headers.
+    pub header_read_timeout_secs: u64,
+    /// Seconds an upload may send no body bytes before it is dropped.
+    pub body_idle_timeout_secs: u64,
+}
+
+#[derive(Debug, Clone, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct AdminConfig {
+    /// Address of the admin listener.
+    pub listen: SocketAddr,
+    /// Bearer password; empty turns the admin server off.
+    pub password: String,
+}
+
+#[derive(Debug, Clone, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct MetricsConfig {
+    /// Address of the metrics listener; empty turns it off.
+    #[serde(with = "optional_addr")]
+    pub listen: Option<SocketAddr>,
+}
+
+#[derive(Debug, Clone, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct RateLimitConfig {
+    pub enabled: bool,
+    /// Per client IP, for callers without credentials.
+    pub anonymous_per_minute: u32,
+    /// Per public key, for signed callers.
+    pub authenticated_per_minute: u32,
+    /// Per client IP, for the signup-token check (always on).
+    pub signup_token_check_per_minute: u32,
+    /// Peers whose `X-Forwarded-For` is believed.
+    pub trusted_proxies: Vec<std::net::IpAddr>,
+}
+
+/// `""` ⇄ None for optional listen addresses.
+mod optional_addr {
+    use std::net::SocketAddr;
+
+    use serde::{Deserialize, Deserializer, Serializer};
+
+    pub fn serialize<S: Serializer>(v: &Option<SocketAddr>, s: S) -> Result<S::Ok, S::Error> {
+        match v {
+            Some(a) => s.collect_str(a),
+            None => s.serialize_str(""),
+        }
+    }
+
+    pub fn deserialize<'de, D: Deserializer<'de>>(d: D) -> Result<Option<SocketAddr>, D::Error> {
+        let text = String::deserialize(d)?;
+        if text.trim().is_empty() {
+            return Ok(None);
+        }
+        text.parse().map(Some).map_err(serde::de::Error::custom)
+    }
 }
 
 #[derive(Debug, Clone, Serialize, Deserialize)]
@@ -137,6 +197,33 @@ impl Config {
                 storage.blobs
             )));
         }
+        let limits = &self.rate_limit;
+        for (key, value) in [
+            (
+                "rate_limit.anonymous_per_minute",
+                limits.anonymous_per_minute,
+            ),
+            (
+                "rate_limit.authenticated_per_minute",
+                limits.authenticated_per_minute,
+            ),
+            (
+                "rate_limit.signup_token_check_per_minute",
+                limits.signup_token_check_per_minute,
+            ),
+        ] {
+            if value == 0 {
+                return Err(ConfigError::Invalid(format!(
+                    "{key} must be at least 1 (set rate_limit.enabled = false to turn limits off)"
+                )));
+            }
+        }
+        if self.http.header_read_timeout_secs == 0 || self.http.body_idle_timeout_secs == 0 {
+            return Err(ConfigError::Invalid(
+                "http.header_read_timeout_secs and http.body_idle_timeout_secs must be at least 1"
+                    .into(),
+            ));
+        }
         if storage.max_value_bytes == 0 {
             return Err(ConfigError::Invalid(
                 "storage.max_value_bytes must be at least 1".into(),
@@ -203,6 +290,11 @@ mod tests {
         let sample = r#"
             [http]
             listen = "127.0.0.1:6286"
+            [admin]
+            listen = "127.0.0.1:6288"
+            password = "..."
+            [metrics]
+            listen = "127.0.0.1:6289"
             [storage]
             database_url = "sqlite://data/hs.db"
             blobs = "file://data/blobs"
@@ -210,6 +302,10 @@ mod tests {
             max_value_bytes = 10485760
             [signup]
             mode = "open"
+            [rate_limit]
+            enabled = true
+            anonymous_per_minute = 10
+            authenticated_per_minute = 100
             [policies]
             dir = "policies"
             [keys]

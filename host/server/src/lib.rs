@@ -1,14 +1,21 @@
 //! The homeserver: a per-user data store over HTTP.
 //!
-//! Layers, top to bottom: [`client_server`] (HTTP routes) → [`service`] (the rules) →
-//! [`persistence`] (sqlx metadata, object_store blobs). [`app`] builds the context and
-//! runs the listeners; [`config`] loads settings; `main.rs` only parses the command line.
+//! Layers, top to bottom: the HTTP servers ([`client_server`], [`admin_server`],
+//! [`metrics_server`]) → [`service`] (the rules) → [`persistence`] (sqlx metadata,
+//! object_store blobs). [`app`] builds the context and runs the listeners ([`serve`]);
+//! [`config`] loads settings; [`rate_limit`] and [`metrics`] wrap client requests;
+//! `main.rs` only parses the command line.
 
+pub mod admin_server;
 pub mod app;
 pub mod cli;
 pub mod client_server;
 pub mod config;
+pub mod metrics;
+pub mod metrics_server;
 pub mod persistence;
+pub mod rate_limit;
+pub mod serve;
 pub mod server_key;
 pub mod service;
 

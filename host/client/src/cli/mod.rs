@@ -1,10 +1,12 @@
-//! The `pk` tool: argument parsing ([`args`]), key handling ([`keys`]) and the storage
-//! commands ([`storage`]), on top of the `pk_client` library.
+//! The `pk` tool: argument parsing ([`args`]), key handling ([`keys`]), the storage
+//! commands ([`storage`]) and the event commands ([`events`]), on top of the `pk_client`
+//! library.
 //!
 //! Exit codes: 0 success, 1 any failure (one line on stderr, `pk: <what>: <why>`), 2 a
 //! usage error (clap's own).
 
 mod args;
+mod events;
 mod keys;
 mod storage;
 
@@ -54,6 +56,8 @@ async fn run(cli: Cli) -> Result<(), CliError> {
         Command::Get { path, user, out } => storage::get(&ctx, &path, user, out.as_deref()).await,
         Command::Ls(ls) => storage::ls(&ctx, ls).await,
         Command::Rm { path } => storage::rm(&ctx, &path).await,
+        Command::Stream(args) => events::stream(&ctx, args).await,
+        Command::Events(args) => events::events(&ctx, args).await,
     }
 }
 

@@ -4,6 +4,7 @@
 pub mod error;
 pub mod events;
 pub mod extract;
+pub mod middleware;
 pub mod signup;
 pub mod storage;
 
@@ -24,8 +25,13 @@ pub fn router(app: AppState) -> Router {
         .route("/signup", post(signup::handle))
         .route("/events/", get(events::feed))
         .route("/events-stream", get(events::stream))
+        .route("/signup_tokens/{token}", get(signup::token_status))
         .method_not_allowed_fallback(method_not_allowed)
         .fallback(storage::handle)
+        .layer(axum::middleware::from_fn_with_state(
+            app.clone(),
+            middleware::observe_and_limit,
+        ))
         .with_state(app)
 }
 

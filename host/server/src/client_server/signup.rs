@@ -62,3 +62,14 @@ async fn read_small_body(body: Body) -> Result<bytes::Bytes, ApiError> {
         )
     })
 }
+
+/// `GET /signup_tokens/{token}`: whether a token is valid or used.
+pub async fn token_status(
+    State(app): State<AppState>,
+    axum::extract::Path(token): axum::extract::Path<String>,
+) -> Response {
+    match app.admin.signup_token_status(&token).await {
+        Ok(status) => Json(status).into_response(),
+        Err(e) => ApiError::from(e).into_response(),
+    }
+}

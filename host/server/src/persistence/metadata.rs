@@ -136,6 +136,20 @@ pub struct ReverseEventQuery<'a> {
     pub limit: u32,
 }
 
+/// A signup token row.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct SignupTokenRecord {
+    pub created_at: i64,
+    pub used: bool,
+}
+
+/// Server-wide counts.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct StoreStats {
+    pub users: u64,
+    pub total_storage: u64,
+}
+
 #[derive(Debug, thiserror::Error)]
 pub enum StoreError {
     /// The database cannot be reached or is overloaded (a 503 for the caller).
@@ -192,6 +206,24 @@ pub trait MetadataStore: Send + Sync + 'static {
     async fn latest_cursor(&self) -> Result<u64, StoreError>;
 
     async fn events(&self, query: EventQuery<'_>) -> Result<Vec<EventRecord>, StoreError>;
+
+    /// Stores a new signup token; false when it exists already.
+    async fn create_signup_token(&self, token: &str, now: i64) -> Result<bool, StoreError>;
+
+    async fn signup_token(&self, token: &str) -> Result<Option<SignupTokenRecord>, StoreError>;
+
+    async fn stats(&self) -> Result<StoreStats, StoreError>;
+
+    /// Disables or enables a user; false when the user is unknown.
+    async fn set_user_disabled(&self, user: &str, disabled: bool) -> Result<bool, StoreError>;
+
+    /// Sets a user's quota override (None = the configured default); false when unknown.
+    async fn set_user_quota(&self, user: &str, quota: Option<u64>) -> Result<bool, StoreError>;
+
+    /// Deletes a user with all entries in one transaction, writing a DEL event per
+    /// entry. Returns the blob keys to delete, or None when the user is unknown.
+    async fn delete_account(&self, user: &str, now: i64)
+    -> Result<Option<Vec<String>>, StoreError>;
 
     async fn events_reverse(
         &self,

@@ -19,8 +19,8 @@ use homeserver_protocol::event::EventKind;
 
 use super::metadata::{
     DeleteOutcome, EntryRange, EntryRecord, EventQuery, EventRecord, MetadataStore, NewEntry,
-    PutOutcome, ReplayMark, ReverseEventQuery, SignupOutcome, StoreError, UserCursor, UserRecord,
-    WriteContext,
+    PutOutcome, ReplayMark, ReverseEventQuery, SignupOutcome, SignupTokenRecord, StoreError,
+    StoreStats, UserCursor, UserRecord, WriteContext,
 };
 
 static MIGRATOR: sqlx::migrate::Migrator = sqlx::migrate!("./migrations/sqlite");
@@ -516,6 +516,107 @@ impl MetadataStore for SqliteStore {
             .map(event_from_row)
             .collect::<Result<_, _>>()
             .map_err(map_err)
+    }
+
+    async fn create_signup_token(&self, token: &str, now: i64) -> Result<bool, StoreError> {
+        let done = sqlx::query(
+            "INSERT INTO signup_tokens (token, created_at) VALUES (?, ?) \
+             ON CONFLICT (token) DO NOTHING",
+        )
+        .bind(token)
+        .bind(now)
+        .execute(&self.writer)
+        .await
+        .map_err(map_err)?;
+        Ok(done.rows_affected() == 1)
+    }
+
+    async fn signup_token(&self, token: &str) -> Result<Option<SignupTokenRecord>, StoreError> {
+        let row = sqlx::query("SELECT created_at, used_by FROM signup_tokens WHERE token = ?")
+            .bind(token)
+            .fetch_optional(&self.reader)
+            .await
+            .map_err(map_err)?;
+        row.map(|row| {
+            Ok(SignupTokenRecord {
+                created_at: row.try_get("created_at")?,
+                used: row.try_get::<Option<String>, _>("used_by")?.is_some(),
+            })
+        })
+        .transpose()
+        .map_err(map_err)
+    }
+
+    async fn stats(&self) -> Result<StoreStats, StoreError> {
+        let row = sqlx::query(
+            "SELECT COUNT(*) AS users, COALESCE(SUM(used_bytes), 0) AS total FROM users",
+        )
+        .fetch_one(&self.reader)
+        .await
+        .map_err(map_err)?;
+        Ok(StoreStats {
+            users: to_u64(row.try_get("users").map_err(map_err)?),
+            total_storage: to_u64(row.try_get("total").map_err(map_err)?),
+        })
+    }
+
+    async fn set_user_disabled(&self, user: &str, disabled: bool) -> Result<bool, StoreError> {
+        let done = sqlx::query("UPDATE users SET disabled = ? WHERE public_key = ?")
+            .bind(i64::from(disabled))
+            .bind(user)
+            .execute(&self.writer)
+            .await
+            .map_err(map_err)?;
+        Ok(done.rows_affected() == 1)
+    }
+
+    async fn set_user_quota(&self, user: &str, quota: Option<u64>) -> Result<bool, StoreError> {
+        let done = sqlx::query("UPDATE users SET quota_bytes = ? WHERE public_key = ?")
+            .bind(quota.map(to_i64))
+            .bind(user)
+            .execute(&self.writer)
+            .await
+            .map_err(map_err)?;
+        Ok(done.rows_affected() == 1)
+    }
+
+    async fn delete_account(
+        &self,
+        user: &str,
+        now: i64,
+    ) -> Result<Option<Vec<String>>, StoreError> {
+        let mut tx = self.writer.begin().await.map_err(map_err)?;
+        let exists: Option<i64> = sqlx::query_scalar("SELECT 1 FROM users WHERE public_key = ?")
+            .bind(user)
+            .fetch_optional(&mut *tx)
+            .await
+            .map_err(map_err)?;
+        if exists.is_none() {
+            return Ok(None);
+        }
+        // One DEL event per entry, in path order, in the same transaction.
+        sqlx::query(
+            "INSERT INTO events (user, path, kind, content_hash, created_at) \
+             SELECT user, path, 'DEL', NULL, ? FROM entries WHERE user = ? ORDER BY path",
+        )
+        .bind(now)
+        .bind(user)
+        .execute(&mut *tx)
+        .await
+        .map_err(map_err)?;
+        let blobs: Vec<String> =
+            sqlx::query_scalar("DELETE FROM entries WHERE user = ? RETURNING blob_key")
+                .bind(user)
+                .fetch_all(&mut *tx)
+                .await
+                .map_err(map_err)?;
+        sqlx::query("DELETE FROM users WHERE public_key = ?")
+            .bind(user)
+            .execute(&mut *tx)
+            .await
+            .map_err(map_err)?;
+        tx.commit().await.map_err(map_err)?;
+        Ok(Some(blobs))
     }
 
     async fn events_reverse(

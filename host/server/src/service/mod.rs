@@ -6,6 +6,7 @@
 //! - [`signup`]: registering users.
 //! - [`error`]: [`ServiceError`], mapped to HTTP once in `client_server::error`.
 
+pub mod admin;
 pub mod auth;
 pub mod error;
 pub mod events;

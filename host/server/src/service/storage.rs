@@ -29,6 +29,8 @@ pub struct StorageLimits {
     pub max_value_bytes: u64,
     /// Default per-user quota; 0 = unlimited.
     pub quota_bytes: u64,
+    /// An upload that sends nothing for this long is dropped.
+    pub body_idle_timeout: std::time::Duration,
 }
 
 /// Listing page size when none is asked for, and the largest allowed.
@@ -124,20 +126,21 @@ impl StorageService {
         if let Some(refusal) = refusal {
             // Hash the body without storing it, so a forged request still gets 401
             // (credentials come before permission and quota).
-            let streamed = stream_into(body, max, None).await?;
+            let streamed = stream_into(body, max, self.limits.body_idle_timeout, None).await?;
             auth::verify(header, target, &streamed.sha256)?;
             return Err(refusal);
         }
 
         let blob_key = BlobStore::new_key(&user);
         let mut writer = self.blobs.writer(&blob_key);
-        let streamed = match stream_into(body, max, Some(&mut writer)).await {
-            Ok(s) => s,
-            Err(e) => {
-                writer.abort().await;
-                return Err(e);
-            }
-        };
+        let streamed =
+            match stream_into(body, max, self.limits.body_idle_timeout, Some(&mut writer)).await {
+                Ok(s) => s,
+                Err(e) => {
+                    writer.abort().await;
+                    return Err(e);
+                }
+            };
         if let Err(e) = auth::verify(header, target, &streamed.sha256) {
             writer.abort().await;
             return Err(e);
@@ -405,6 +408,7 @@ fn decode_cursor(cursor: &str, prefix: &str) -> Result<String, ServiceError> {
 async fn stream_into<S>(
     mut body: S,
     max: u64,
+    idle_timeout: std::time::Duration,
     mut writer: Option<&mut crate::persistence::BlobWriter>,
 ) -> Result<Streamed, ServiceError>
 where
@@ -413,7 +417,16 @@ where
     let mut sha = Sha256::new();
     let mut blake = blake3::Hasher::new();
     let mut size: u64 = 0;
-    while let Some(chunk) = body.next().await {
+    loop {
+        let next = tokio::time::timeout(idle_timeout, body.next())
+            .await
+            .map_err(|_| {
+                ServiceError::BadRequest(format!(
+                    "the upload sent nothing for {} s",
+                    idle_timeout.as_secs()
+                ))
+            })?;
+        let Some(chunk) = next else { break };
         let chunk = chunk.map_err(|e| ServiceError::BadRequest(e.to_string()))?;
         size += chunk.len() as u64;
         if size > max {

@@ -30,8 +30,15 @@ pub fn test_config(dir: &std::path::Path) -> Config {
     config.storage.blobs = format!("file://{}/blobs", dir.display());
     config.keys.secret_key_file = dir.join("server.key");
     config.policies.dir = dir.join("policies");
+    config.admin.listen = "127.0.0.1:0".parse().unwrap();
+    config.admin.password = ADMIN_PASSWORD.into();
+    config.metrics.listen = Some("127.0.0.1:0".parse().unwrap());
+    // Tests make many anonymous requests from one IP; rate-limit tests turn this on.
+    config.rate_limit.enabled = false;
     config
 }
+
+pub const ADMIN_PASSWORD: &str = "test-admin-password";
 
 impl TestHost {
     pub async fn start() -> Self {

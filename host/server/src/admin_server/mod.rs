@@ -1,0 +1,151 @@
+//! The admin server: its own listener (keep it private), `Authorization: Bearer
+//! <admin.password>` compared in constant time, no rate limit. Operator actions live in
+//! `service::admin`; this file is only their HTTP shape.
+
+use std::sync::Arc;
+
+use axum::extract::{Path, Request, State};
+use axum::http::header;
+use axum::middleware::Next;
+use axum::response::{IntoResponse, Response};
+use axum::routing::{get, post, put};
+use axum::{Json, Router};
+use homeserver_protocol::{ErrorCode, PublicKey};
+use serde::{Deserialize, Serialize};
+use sha2::{Digest, Sha256};
+use subtle::ConstantTimeEq;
+
+use crate::app::AppContext;
+use crate::client_server::error::ApiError;
+
+type AdminState = Arc<AppContext>;
+
+pub fn router(app: AdminState) -> Router {
+    Router::new()
+        .route("/admin/stats", get(stats))
+        .route(
+            "/admin/users/{public_key}",
+            get(user).delete(delete_account),
+        )
+        .route("/admin/users/{public_key}/disable", post(disable))
+        .route("/admin/users/{public_key}/enable", post(enable))
+        .route("/admin/users/{public_key}/quota", put(set_quota))
+        .route("/admin/signup_tokens", post(create_signup_token))
+        .fallback(|| async { ApiError::new(ErrorCode::NotFound, "no such admin endpoint") })
+        .method_not_allowed_fallback(|| async {
+            ApiError::new(
+                ErrorCode::MethodNotAllowed,
+                "method not allowed on this endpoint",
+            )
+        })
+        .layer(axum::middleware::from_fn_with_state(
+            app.clone(),
+            require_password,
+        ))
+        .with_state(app)
+}
+
+/// Constant-time comparison of SHA-256 digests: the time taken says nothing about the
+/// password, not even its length.
+async fn require_password(State(app): State<AdminState>, request: Request, next: Next) -> Response {
+    let given = request
+        .headers()
+        .get(header::AUTHORIZATION)
+        .and_then(|v| v.to_str().ok())
+        .and_then(|v| v.strip_prefix("Bearer "))
+        .unwrap_or("");
+    let expected = Sha256::digest(app.config.admin.password.as_bytes());
+    let given = Sha256::digest(given.as_bytes());
+    if bool::from(expected.ct_eq(&given)) {
+        next.run(request).await
+    } else {
+        ApiError::new(
+            ErrorCode::InvalidSignature,
+            "admin API needs Authorization: Bearer <admin password>",
+        )
+        .into_response()
+    }
+}
+
+fn parse_key(text: &str) -> Result<PublicKey, ApiError> {
+    text.parse()
+        .map_err(|e| ApiError::new(ErrorCode::BadRequest, format!("invalid public key: {e}")))
+}
+
+/// Answer to `GET /admin/stats`.
+#[derive(Debug, Serialize, Deserialize)]
+pub struct Stats {
+    pub users: u64,
+    pub total_storage: u64,
+    pub requests_per_minute: u64,
+    pub uptime_seconds: u64,
+}
+
+async fn stats(State(app): State<AdminState>) -> Result<Json<Stats>, ApiError> {
+    let stats = app.admin.stats().await?;
+    Ok(Json(Stats {
+        users: stats.users,
+        total_storage: stats.total_storage,
+        requests_per_minute: app.metrics.requests_last_minute(),
+        uptime_seconds: app.metrics.uptime().as_secs(),
+    }))
+}
+
+async fn user(
+    State(app): State<AdminState>,
+    Path(key): Path<String>,
+) -> Result<Response, ApiError> {
+    let info = app.admin.user(&parse_key(&key)?).await?;
+    Ok(Json(info).into_response())
+}
+
+async fn disable(
+    State(app): State<AdminState>,
+    Path(key): Path<String>,
+) -> Result<Response, ApiError> {
+    let info = app.admin.set_disabled(&parse_key(&key)?, true).await?;
+    Ok(Json(info).into_response())
+}
+
+async fn enable(
+    State(app): State<AdminState>,
+    Path(key): Path<String>,
+) -> Result<Response, ApiError> {
+    let info = app.admin.set_disabled(&parse_key(&key)?, false).await?;
+    Ok(Json(info).into_response())
+}
+
+/// Body of `PUT /admin/users/{key}/quota`: bytes, 0 = unlimited, null = the default.
+#[derive(Debug, Deserialize)]
+struct QuotaRequest {
+    quota_bytes: Option<u64>,
+}
+
+async fn set_quota(
+    State(app): State<AdminState>,
+    Path(key): Path<String>,
+    body: axum::body::Bytes,
+) -> Result<Response, ApiError> {
+    let key = parse_key(&key)?;
+    let request: QuotaRequest = serde_json::from_slice(&body).map_err(|e| {
+        ApiError::new(
+            ErrorCode::BadRequest,
+            format!("body must be {{\"quota_bytes\": <bytes or null>}}: {e}"),
+        )
+    })?;
+    let info = app.admin.set_quota(&key, request.quota_bytes).await?;
+    Ok(Json(info).into_response())
+}
+
+async fn delete_account(
+    State(app): State<AdminState>,
+    Path(key): Path<String>,
+) -> Result<Response, ApiError> {
+    let deleted = app.admin.delete_account(&parse_key(&key)?).await?;
+    Ok(Json(deleted).into_response())
+}
+
+async fn create_signup_token(State(app): State<AdminState>) -> Result<Response, ApiError> {
+    let token = app.admin.create_signup_token().await?;
+    Ok(Json(serde_json::json!({ "token": token })).into_response())
+}

@@ -1,0 +1,197 @@
+//! Prometheus metrics: the spec's `hs_*` series, request latency, rate-limit rejections
+//! and event-stream subscribers, plus a one-minute request counter for admin stats.
+//! Values that live elsewhere (storage bytes, sessions, subscribers) are read at scrape
+//! time by the metrics server.
+
+use std::sync::Mutex;
+use std::time::{Duration, Instant};
+
+use prometheus::{
+    Encoder, HistogramOpts, HistogramVec, IntCounterVec, IntGauge, Opts, Registry, TextEncoder,
+};
+
+pub struct Metrics {
+    registry: Registry,
+    requests: IntCounterVec,
+    duration: HistogramVec,
+    pub storage_bytes: IntGauge,
+    pub active_sessions: IntGauge,
+    pub users: IntGauge,
+    pub stream_subscribers: IntGauge,
+    rate_limited: IntCounterVec,
+    window: Mutex<MinuteWindow>,
+    started: Instant,
+}
+
+/// Requests per second over the last 60 seconds.
+struct MinuteWindow {
+    buckets: [(u64, u64); 60],
+}
+
+impl MinuteWindow {
+    fn add(&mut self, second: u64) {
+        let slot = &mut self.buckets[(second % 60) as usize];
+        if slot.0 != second {
+            *slot = (second, 0);
+        }
+        slot.1 += 1;
+    }
+
+    fn last_minute(&self, second: u64) -> u64 {
+        self.buckets
+            .iter()
+            .filter(|(s, _)| second.saturating_sub(*s) < 60)
+            .map(|(_, n)| n)
+            .sum()
+    }
+}
+
+/// The method label: the standard methods, or OTHER (bounded label values).
+fn method_label(method: &str) -> &'static str {
+    match method {
+        "GET" => "GET",
+        "HEAD" => "HEAD",
+        "PUT" => "PUT",
+        "POST" => "POST",
+        "DELETE" => "DELETE",
+        "OPTIONS" => "OPTIONS",
+        _ => "OTHER",
+    }
+}
+
+impl Metrics {
+    pub fn new() -> Result<Self, prometheus::Error> {
+        let registry = Registry::new();
+        let requests = IntCounterVec::new(
+            Opts::new(
+                "hs_requests_total",
+                "HTTP requests answered, by method and status.",
+            ),
+            &["method", "status"],
+        )?;
+        let duration = HistogramVec::new(
+            HistogramOpts::new(
+                "hs_request_duration_seconds",
+                "Time from request to response headers, by method.",
+            )
+            .buckets(vec![
+                0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0,
+            ]),
+            &["method"],
+        )?;
+        let storage_bytes = IntGauge::new("hs_storage_bytes", "Bytes stored, all users.")?;
+        let active_sessions = IntGauge::new("hs_active_sessions", "Sessions not yet expired.")?;
+        let users = IntGauge::new("hs_users", "Signed-up users.")?;
+        let stream_subscribers = IntGauge::new(
+            "hs_event_stream_subscribers",
+            "Open /events-stream connections.",
+        )?;
+        let rate_limited = IntCounterVec::new(
+            Opts::new(
+                "hs_rate_limit_rejections_total",
+                "Requests refused with 429, by limit.",
+            ),
+            &["scope"],
+        )?;
+        registry.register(Box::new(requests.clone()))?;
+        registry.register(Box::new(duration.clone()))?;
+        registry.register(Box::new(storage_bytes.clone()))?;
+        registry.register(Box::new(active_sessions.clone()))?;
+        registry.register(Box::new(users.clone()))?;
+        registry.register(Box::new(stream_subscribers.clone()))?;
+        registry.register(Box::new(rate_limited.clone()))?;
+        Ok(Self {
+            registry,
+            requests,
+            duration,
+            storage_bytes,
+            active_sessions,
+            users,
+            stream_subscribers,
+            rate_limited,
+            window: Mutex::new(MinuteWindow {
+                buckets: [(0, 0); 60],
+            }),
+            started: Instant::now(),
+        })
+    }
+
+    /// Lets other parts (the Wasm runtime) add their own collectors.
+    pub fn registry(&self) -> &Registry {
+        &self.registry
+    }
+
+    pub fn observe_request(&self, method: &str, status: u16, elapsed: Duration) {
+        let method = method_label(method);
+        self.requests
+            .with_label_values(&[method, &status.to_string()])
+            .inc();
+        self.duration
+            .with_label_values(&[method])
+            .observe(elapsed.as_secs_f64());
+        let second = crate::service::now_secs().max(0) as u64;
+        self.window
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .add(second);
+    }
+
+    pub fn observe_rate_limited(&self, scope: &str) {
+        self.rate_limited.with_label_values(&[scope]).inc();
+    }
+
+    pub fn requests_last_minute(&self) -> u64 {
+        let second = crate::service::now_secs().max(0) as u64;
+        self.window
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .last_minute(second)
+    }
+
+    pub fn uptime(&self) -> Duration {
+        self.started.elapsed()
+    }
+
+    /// The text exposition format.
+    pub fn render(&self) -> Result<String, prometheus::Error> {
+        let mut out = Vec::new();
+        TextEncoder::new().encode(&self.registry.gather(), &mut out)?;
+        String::from_utf8(out).map_err(|e| prometheus::Error::Msg(e.to_string()))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn renders_documented_series() {
+        let m = Metrics::new().unwrap();
+        m.observe_request("GET", 200, Duration::from_millis(3));
+        m.observe_request("BREW", 405, Duration::from_millis(1));
+        m.observe_rate_limited("anonymous");
+        let text = m.render().unwrap();
+        assert!(
+            text.contains("hs_requests_total{method=\"GET\",status=\"200\"} 1"),
+            "{text}"
+        );
+        assert!(text.contains("method=\"OTHER\""));
+        assert!(text.contains("hs_storage_bytes 0"));
+        assert!(text.contains("hs_active_sessions 0"));
+        assert!(text.contains("hs_request_duration_seconds_bucket"));
+        assert_eq!(m.requests_last_minute(), 2);
+    }
+
+    #[test]
+    fn minute_window_forgets_old_seconds() {
+        let mut w = MinuteWindow {
+            buckets: [(0, 0); 60],
+        };
+        w.add(1000);
+        w.add(1000);
+        w.add(1030);
+        assert_eq!(w.last_minute(1030), 3);
+        assert_eq!(w.last_minute(1061), 1);
+        assert_eq!(w.last_minute(1100), 0);
+    }
+}

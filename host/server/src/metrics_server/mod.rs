@@ -1,0 +1,52 @@
+//! The metrics server: its own listener, `GET /metrics` in the Prometheus text format.
+//! Gauges kept elsewhere (storage, users, subscribers) are read at scrape time.
+
+use std::sync::Arc;
+
+use axum::Router;
+use axum::extract::State;
+use axum::http::header;
+use axum::response::{IntoResponse, Response};
+use axum::routing::get;
+use homeserver_protocol::ErrorCode;
+
+use crate::app::AppContext;
+use crate::client_server::error::ApiError;
+
+pub fn router(app: Arc<AppContext>) -> Router {
+    Router::new()
+        .route("/metrics", get(metrics))
+        .fallback(|| async { ApiError::new(ErrorCode::NotFound, "metrics are at /metrics") })
+        .with_state(app)
+}
+
+async fn metrics(State(app): State<Arc<AppContext>>) -> Response {
+    match app.metadata.stats().await {
+        Ok(stats) => {
+            app.metrics
+                .storage_bytes
+                .set(i64::try_from(stats.total_storage).unwrap_or(i64::MAX));
+            app.metrics
+                .users
+                .set(i64::try_from(stats.users).unwrap_or(i64::MAX));
+        }
+        Err(e) => tracing::warn!(error = %e, "metrics: could not read storage stats"),
+    }
+    app.metrics
+        .stream_subscribers
+        .set(i64::try_from(app.events.subscribers()).unwrap_or(i64::MAX));
+    match app.metrics.render() {
+        Ok(text) => (
+            [(
+                header::CONTENT_TYPE,
+                "text/plain; version=0.0.4; charset=utf-8",
+            )],
+            text,
+        )
+            .into_response(),
+        Err(e) => {
+            tracing::error!(error = %e, "rendering metrics");
+            ApiError::new(ErrorCode::ServerError, "internal server error").into_response()
+        }
+    }
+}

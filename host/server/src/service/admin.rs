@@ -1,0 +1,222 @@
+//! Operator actions: statistics, user inspection and control (disable, quota, delete the
+//! whole account), and signup tokens. Reached only through the admin server.
+
+use std::sync::Arc;
+
+use homeserver_protocol::PublicKey;
+use homeserver_protocol::wire::{SignupTokenStatus, is_signup_token};
+use serde::{Deserialize, Serialize};
+
+use super::events::EventHub;
+use super::{ServiceError, now_secs};
+use crate::config::SignupMode;
+use crate::persistence::metadata::StoreStats;
+use crate::persistence::{BlobStore, MetadataStore};
+
+/// What the admin API shows of a user.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct UserInfo {
+    pub public_key: String,
+    pub storage_used: u64,
+    /// The quota in force (the user's override or the default); 0 = unlimited.
+    pub storage_quota: u64,
+    pub created_at: i64,
+    pub last_activity: i64,
+    pub disabled: bool,
+}
+
+/// Answer to deleting an account.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct DeletedAccount {
+    pub public_key: String,
+    pub entries_deleted: u64,
+}
+
+#[derive(Clone)]
+pub struct AdminService {
+    metadata: Arc<dyn MetadataStore>,
+    blobs: BlobStore,
+    events: Arc<EventHub>,
+    default_quota: u64,
+    signup_mode: SignupMode,
+}
+
+impl AdminService {
+    pub fn new(
+        metadata: Arc<dyn MetadataStore>,
+        blobs: BlobStore,
+        events: Arc<EventHub>,
+        default_quota: u64,
+        signup_mode: SignupMode,
+    ) -> Self {
+        Self {
+            metadata,
+            blobs,
+            events,
+            default_quota,
+            signup_mode,
+        }
+    }
+
+    pub async fn stats(&self) -> Result<StoreStats, ServiceError> {
+        Ok(self.metadata.stats().await?)
+    }
+
+    pub async fn user(&self, key: &PublicKey) -> Result<UserInfo, ServiceError> {
+        let user = self
+            .metadata
+            .user(&key.to_z32())
+            .await?
+            .ok_or_else(|| unknown_user(key))?;
+        Ok(UserInfo {
+            storage_quota: user.quota_bytes.unwrap_or(self.default_quota),
+            public_key: user.public_key,
+            storage_used: user.used_bytes,
+            created_at: user.created_at,
+            last_activity: user.last_activity,
+            disabled: user.disabled,
+        })
+    }
+
+    pub async fn set_disabled(
+        &self,
+        key: &PublicKey,
+        disabled: bool,
+    ) -> Result<UserInfo, ServiceError> {
+        if !self
+            .metadata
+            .set_user_disabled(&key.to_z32(), disabled)
+            .await?
+        {
+            return Err(unknown_user(key));
+        }
+        self.user(key).await
+    }
+
+    /// `None` returns the user to the configured default.
+    pub async fn set_quota(
+        &self,
+        key: &PublicKey,
+        quota: Option<u64>,
+    ) -> Result<UserInfo, ServiceError> {
+        if !self.metadata.set_user_quota(&key.to_z32(), quota).await? {
+            return Err(unknown_user(key));
+        }
+        self.user(key).await
+    }
+
+    /// Deletes the user and every entry in one transaction (a DEL event each), then the
+    /// blobs. The key may sign up again later, with an empty space.
+    pub async fn delete_account(&self, key: &PublicKey) -> Result<DeletedAccount, ServiceError> {
+        let blobs = self
+            .metadata
+            .delete_account(&key.to_z32(), now_secs())
+            .await?
+            .ok_or_else(|| unknown_user(key))?;
+        self.events.committed();
+        let entries_deleted = blobs.len() as u64;
+        let store = self.blobs.clone();
+        tokio::spawn(async move {
+            for blob in blobs {
+                if let Err(e) = store.delete(&blob).await {
+                    tracing::warn!(%blob, error = %e, "could not delete a blob of a deleted account; the sweep will");
+                }
+            }
+        });
+        Ok(DeletedAccount {
+            public_key: key.to_z32(),
+            entries_deleted,
+        })
+    }
+
+    /// A new signup token `XXXX-XXXX-XXXX`.
+    pub async fn create_signup_token(&self) -> Result<String, ServiceError> {
+        for _ in 0..8 {
+            let token = random_token()?;
+            if self
+                .metadata
+                .create_signup_token(&token, now_secs())
+                .await?
+            {
+                return Ok(token);
+            }
+        }
+        Err(ServiceError::Internal(
+            "could not find an unused signup token".into(),
+        ))
+    }
+
+    /// The public token check: 400 for a malformed token or in open mode, 404 unknown.
+    pub async fn signup_token_status(
+        &self,
+        token: &str,
+    ) -> Result<SignupTokenStatus, ServiceError> {
+        if self.signup_mode == SignupMode::Open {
+            return Err(ServiceError::BadRequest(
+                "this homeserver does not use signup tokens (signup is open)".into(),
+            ));
+        }
+        if !is_signup_token(token) {
+            return Err(ServiceError::BadRequest(
+                "malformed signup token: expected XXXX-XXXX-XXXX".into(),
+            ));
+        }
+        let record = self
+            .metadata
+            .signup_token(token)
+            .await?
+            .ok_or_else(|| ServiceError::NotFound("unknown signup token".into()))?;
+        Ok(SignupTokenStatus {
+            status: if record.used { "used" } else { "valid" }.into(),
+            created_at: iso8601(record.created_at),
+        })
+    }
+}
+
+fn unknown_user(key: &PublicKey) -> ServiceError {
+    ServiceError::NotFound(format!("no user {key}"))
+}
+
+/// RFC 4648 base32 alphabet; 256 is a multiple of 32, so `byte % 32` is unbiased.
+const TOKEN_ALPHABET: &[u8; 32] = b"ABCDEFGHIJKLMNOPQRSTUVWXYZ234567";
+
+fn random_token() -> Result<String, ServiceError> {
+    let mut bytes = [0u8; 12];
+    getrandom::fill(&mut bytes).map_err(|e| ServiceError::Internal(format!("RNG: {e}")))?;
+    let chars: Vec<char> = bytes
+        .iter()
+        .map(|b| TOKEN_ALPHABET[usize::from(b % 32)] as char)
+        .collect();
+    Ok(chars
+        .chunks(4)
+        .map(|c| c.iter().collect::<String>())
+        .collect::<Vec<_>>()
+        .join("-"))
+}
+
+/// Unix seconds as ISO 8601 UTC (`YYYY-MM-DDTHH:MM:SSZ`).
+pub fn iso8601(unix: i64) -> String {
+    let time =
+        std::time::UNIX_EPOCH + std::time::Duration::from_secs(u64::try_from(unix).unwrap_or(0));
+    humantime::format_rfc3339_seconds(time).to_string()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn tokens_have_the_documented_format() {
+        for _ in 0..100 {
+            let t = random_token().unwrap();
+            assert!(is_signup_token(&t), "{t}");
+        }
+    }
+
+    #[test]
+    fn iso8601_dates() {
+        assert_eq!(iso8601(0), "1970-01-01T00:00:00Z");
+        assert_eq!(iso8601(951_782_400), "2000-02-29T00:00:00Z");
+        assert_eq!(iso8601(1_795_320_780), "2026-11-22T04:13:00Z");
+    }
+}
