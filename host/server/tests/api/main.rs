@@ -10,5 +10,6 @@ mod crash;
 mod events;
 mod limits;
 mod listing;
+mod ops;
 mod signup;
 mod storage;
