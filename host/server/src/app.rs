@@ -18,6 +18,7 @@ use crate::persistence::{BlobStore, MetadataStore};
 use crate::rate_limit::RateLimits;
 use crate::server_key;
 use crate::service::admin::AdminService;
+use crate::service::entry_cache::EntryCache;
 use crate::service::events::EventHub;
 use crate::service::now_secs;
 use crate::service::signup::SignupService;
@@ -77,15 +78,23 @@ impl AppContext {
             quota_bytes: config.storage.quota_bytes,
             body_idle_timeout: Duration::from_secs(config.http.body_idle_timeout_secs),
         };
-        let events = EventHub::new(metadata.clone(), shutdown).await?;
+        let entry_cache = Arc::new(EntryCache::default());
+        let events = EventHub::new(metadata.clone(), entry_cache.clone(), shutdown).await?;
         Ok(Self {
-            storage: StorageService::new(metadata.clone(), blobs.clone(), limits, events.clone()),
+            storage: StorageService::new(
+                metadata.clone(),
+                blobs.clone(),
+                limits,
+                events.clone(),
+                entry_cache.clone(),
+            ),
             admin: AdminService::new(
                 metadata.clone(),
                 blobs.clone(),
                 events.clone(),
                 config.storage.quota_bytes,
                 config.signup.mode,
+                entry_cache,
             ),
             metrics: Arc::new(Metrics::new()?),
             rate_limits: RateLimits::new(&config.rate_limit),

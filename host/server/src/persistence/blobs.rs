@@ -26,6 +26,23 @@ use super::metadata::MetadataStore;
 /// per upload stays bounded whatever the value's size.
 const WRITE_BUFFER_BYTES: usize = 256 * 1024;
 
+/// Values up to this size are kept in memory after a read. A blob's bytes never change
+/// under its key, so the cache can never serve stale bytes.
+const CACHED_BLOB_MAX_BYTES: u64 = 64 * 1024;
+/// Memory the blob cache may use.
+const BLOB_CACHE_BYTES: u64 = 64 * 1024 * 1024;
+
+#[derive(Clone)]
+struct BlobWeighter;
+
+impl quick_cache::Weighter<String, Bytes> for BlobWeighter {
+    fn weight(&self, key: &String, value: &Bytes) -> u64 {
+        (key.len() + value.len()) as u64 + 64
+    }
+}
+
+type BlobCache = quick_cache::sync::Cache<String, Bytes, BlobWeighter>;
+
 #[derive(Debug, thiserror::Error)]
 pub enum BlobError {
     #[error("blob not found: {0}")]
@@ -48,6 +65,7 @@ pub struct BlobStore {
     store: Arc<dyn ObjectStore>,
     /// Set for the local filesystem backend: where its staging files may be left.
     local_root: Option<PathBuf>,
+    small: Arc<BlobCache>,
 }
 
 impl BlobStore {
@@ -64,6 +82,11 @@ impl BlobStore {
         Ok(Self {
             store: Arc::new(store),
             local_root: Some(root),
+            small: Arc::new(BlobCache::with_weighter(
+                (BLOB_CACHE_BYTES / 1024) as usize,
+                BLOB_CACHE_BYTES,
+                BlobWeighter,
+            )),
         })
     }
 
@@ -83,16 +106,28 @@ impl BlobStore {
         }
     }
 
-    /// Streams a blob's bytes.
+    /// Streams a blob's bytes; `size` is the size the metadata records. Small blobs are
+    /// served from memory when hot.
     pub async fn get(
         &self,
         key: &str,
+        size: u64,
     ) -> Result<BoxStream<'static, Result<Bytes, BlobError>>, BlobError> {
+        if size <= CACHED_BLOB_MAX_BYTES {
+            if let Some(bytes) = self.small.get(key) {
+                return Ok(futures_util::stream::once(async move { Ok(bytes) }).boxed());
+            }
+            let result = self.store.get(&Path::from(key)).await.map_err(map_err)?;
+            let bytes = result.bytes().await.map_err(map_err)?;
+            self.small.insert(key.to_owned(), bytes.clone());
+            return Ok(futures_util::stream::once(async move { Ok(bytes) }).boxed());
+        }
         let result = self.store.get(&Path::from(key)).await.map_err(map_err)?;
         Ok(result.into_stream().map_err(map_err).boxed())
     }
 
     pub async fn delete(&self, key: &str) -> Result<(), BlobError> {
+        self.small.remove(key);
         match self.store.delete(&Path::from(key)).await {
             Ok(()) | Err(object_store::Error::NotFound { .. }) => Ok(()),
             Err(e) => Err(e.into()),

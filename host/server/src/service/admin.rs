@@ -7,6 +7,7 @@ use homeserver_protocol::PublicKey;
 use homeserver_protocol::wire::{SignupTokenStatus, is_signup_token};
 use serde::{Deserialize, Serialize};
 
+use super::entry_cache::EntryCache;
 use super::events::EventHub;
 use super::{ServiceError, now_secs};
 use crate::config::SignupMode;
@@ -39,6 +40,7 @@ pub struct AdminService {
     events: Arc<EventHub>,
     default_quota: u64,
     signup_mode: SignupMode,
+    entry_cache: Arc<EntryCache>,
 }
 
 impl AdminService {
@@ -48,6 +50,7 @@ impl AdminService {
         events: Arc<EventHub>,
         default_quota: u64,
         signup_mode: SignupMode,
+        entry_cache: Arc<EntryCache>,
     ) -> Self {
         Self {
             metadata,
@@ -55,6 +58,7 @@ impl AdminService {
             events,
             default_quota,
             signup_mode,
+            entry_cache,
         }
     }
 
@@ -113,6 +117,8 @@ impl AdminService {
             .delete_account(&key.to_z32(), now_secs())
             .await?
             .ok_or_else(|| unknown_user(key))?;
+        // The tailer would invalidate each entry as it sees the events; don't wait.
+        self.entry_cache.clear();
         self.events.committed();
         let entries_deleted = blobs.len() as u64;
         let store = self.blobs.clone();

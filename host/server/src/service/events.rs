@@ -20,6 +20,7 @@ use tokio::sync::{Notify, watch};
 use tokio_util::sync::CancellationToken;
 
 use super::ServiceError;
+use super::entry_cache::EntryCache;
 use crate::persistence::MetadataStore;
 use crate::persistence::metadata::{EventQuery, EventRecord, ReverseEventQuery, UserCursor};
 
@@ -55,6 +56,8 @@ pub struct EventHub {
     metadata: Arc<dyn MetadataStore>,
     ring: RwLock<Ring>,
     ring_capacity: usize,
+    /// Every event the tailer sees invalidates its entry here (writes of any instance).
+    entry_cache: Arc<EntryCache>,
     head: watch::Sender<u64>,
     wake: Notify,
     stop: CancellationToken,
@@ -86,14 +89,16 @@ impl Subscription {
 impl EventHub {
     pub async fn new(
         metadata: Arc<dyn MetadataStore>,
+        entry_cache: Arc<EntryCache>,
         stop: CancellationToken,
     ) -> Result<Arc<Self>, ServiceError> {
-        Self::with_ring_capacity(metadata, stop, RING_CAPACITY).await
+        Self::with_ring_capacity(metadata, entry_cache, stop, RING_CAPACITY).await
     }
 
     /// Like [`new`](Self::new) with a chosen ring size (tests use a tiny one).
     pub async fn with_ring_capacity(
         metadata: Arc<dyn MetadataStore>,
+        entry_cache: Arc<EntryCache>,
         stop: CancellationToken,
         ring_capacity: usize,
     ) -> Result<Arc<Self>, ServiceError> {
@@ -101,6 +106,7 @@ impl EventHub {
         Ok(Arc::new(Self {
             metadata,
             ring_capacity,
+            entry_cache,
             ring: RwLock::new(Ring {
                 events: VecDeque::new(),
                 floor: head,
@@ -158,6 +164,9 @@ impl EventHub {
                 return Ok(());
             };
             let full = batch.len() == BATCH as usize;
+            for event in &batch {
+                self.entry_cache.invalidate(&event.user, &event.path);
+            }
             {
                 let mut ring = self.ring.write().unwrap_or_else(|p| p.into_inner());
                 ring.events.extend(batch.into_iter().map(Arc::new));
@@ -434,7 +443,7 @@ mod tests {
             .await
             .unwrap();
         let stop = CancellationToken::new();
-        let hub = EventHub::with_ring_capacity(store.clone(), stop.clone(), 8)
+        let hub = EventHub::with_ring_capacity(store.clone(), Arc::default(), stop.clone(), 8)
             .await
             .unwrap();
         let tailer = tokio::spawn(hub.clone().run_tailer());

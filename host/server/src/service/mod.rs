@@ -8,6 +8,7 @@
 
 pub mod admin;
 pub mod auth;
+pub mod entry_cache;
 pub mod error;
 pub mod events;
 pub mod signup;

@@ -17,6 +17,7 @@ use homeserver_protocol::{AuthHeader, BodyHash, PublicKey, StoragePath};
 use sha2::{Digest, Sha256};
 
 use super::auth::{self, SignedTarget};
+use super::entry_cache::EntryCache;
 use super::events::EventHub;
 use super::{ServiceError, now_secs};
 use crate::persistence::blobs::BlobError;
@@ -59,6 +60,7 @@ pub struct StorageService {
     blobs: BlobStore,
     limits: StorageLimits,
     events: Arc<EventHub>,
+    entry_cache: Arc<EntryCache>,
 }
 
 /// The outcome of streaming a body somewhere.
@@ -74,12 +76,14 @@ impl StorageService {
         blobs: BlobStore,
         limits: StorageLimits,
         events: Arc<EventHub>,
+        entry_cache: Arc<EntryCache>,
     ) -> Self {
         Self {
             metadata,
             blobs,
             limits,
             events,
+            entry_cache,
         }
     }
 
@@ -168,6 +172,7 @@ impl StorageService {
                 created_at,
                 replaced_blob,
             }) => {
+                self.entry_cache.invalidate(&user, path.as_str());
                 self.events.committed();
                 if let Some(old) = replaced_blob {
                     self.delete_blob_later(old);
@@ -209,10 +214,19 @@ impl StorageService {
         space: &PublicKey,
         path: &StoragePath,
     ) -> Result<EntryRecord, ServiceError> {
-        self.metadata
-            .entry(&space.to_z32(), path.as_str())
+        let user = space.to_z32();
+        if let Some(hit) = self.entry_cache.get(&user, path.as_str()) {
+            return Ok(hit);
+        }
+        let ticket = self.entry_cache.ticket();
+        let record = self
+            .metadata
+            .entry(&user, path.as_str())
             .await?
-            .ok_or_else(|| not_found(path))
+            .ok_or_else(|| not_found(path))?;
+        self.entry_cache
+            .insert(ticket, &user, path.as_str(), record.clone());
+        Ok(record)
     }
 
     /// Opens an entry's bytes. A concurrent overwrite may delete the blob between the
@@ -230,9 +244,11 @@ impl StorageService {
         ServiceError,
     > {
         for _ in 0..3 {
-            match self.blobs.get(&record.blob_key).await {
+            match self.blobs.get(&record.blob_key, record.size).await {
                 Ok(stream) => return Ok((record, stream)),
                 Err(BlobError::NotFound(_)) => {
+                    // The cached row may be the stale one: ask the database.
+                    self.entry_cache.invalidate(&space.to_z32(), path.as_str());
                     let again = self.entry(space, path).await?;
                     if again.blob_key == record.blob_key {
                         return Err(ServiceError::Internal(format!(
@@ -276,6 +292,7 @@ impl StorageService {
             .await?
         {
             DeleteOutcome::Deleted { blob_key } => {
+                self.entry_cache.invalidate(&user, path.as_str());
                 self.events.committed();
                 self.delete_blob_later(blob_key);
                 Ok(DeleteResult {

@@ -1,0 +1,122 @@
+//! A cache of entry metadata for the read path, so a hot GET costs no database round
+//! trip.
+//!
+//! Consistency: every committed write invalidates its key (this process's writes before
+//! they answer, so a writer always reads its own write; every write, from any instance,
+//! when the event tailer sees it). A read that misses may race a write: it notes the
+//! invalidation epoch before reading the database and, after inserting, removes its
+//! insert again if any invalidation happened meanwhile, so a stale row never stays.
+
+use std::sync::atomic::{AtomicU64, Ordering};
+
+use quick_cache::sync::Cache;
+
+use crate::persistence::metadata::EntryRecord;
+
+/// Entries kept (about 200 bytes each).
+const CAPACITY: usize = 100_000;
+
+pub struct EntryCache {
+    entries: Cache<String, EntryRecord>,
+    epoch: AtomicU64,
+}
+
+fn key(user: &str, path: &str) -> String {
+    let mut k = String::with_capacity(user.len() + path.len());
+    k.push_str(user);
+    k.push_str(path);
+    k
+}
+
+/// Proof of when a read started, for [`EntryCache::insert`].
+#[derive(Debug, Clone, Copy)]
+pub struct ReadTicket(u64);
+
+impl Default for EntryCache {
+    fn default() -> Self {
+        Self::new(CAPACITY)
+    }
+}
+
+impl EntryCache {
+    pub fn new(capacity: usize) -> Self {
+        Self {
+            entries: Cache::new(capacity.max(1)),
+            epoch: AtomicU64::new(0),
+        }
+    }
+
+    pub fn get(&self, user: &str, path: &str) -> Option<EntryRecord> {
+        self.entries.get(&key(user, path))
+    }
+
+    /// Take before reading the database.
+    pub fn ticket(&self) -> ReadTicket {
+        ReadTicket(self.epoch.load(Ordering::SeqCst))
+    }
+
+    /// Caches what a read found, unless a write may have changed it since `ticket`.
+    pub fn insert(&self, ticket: ReadTicket, user: &str, path: &str, record: EntryRecord) {
+        let k = key(user, path);
+        if self.epoch.load(Ordering::SeqCst) != ticket.0 {
+            return;
+        }
+        self.entries.insert(k.clone(), record);
+        // An invalidation between the check and the insert would be lost: undo.
+        if self.epoch.load(Ordering::SeqCst) != ticket.0 {
+            self.entries.remove(&k);
+        }
+    }
+
+    pub fn invalidate(&self, user: &str, path: &str) {
+        self.epoch.fetch_add(1, Ordering::SeqCst);
+        self.entries.remove(&key(user, path));
+    }
+
+    /// Drops everything (an account deletion, or events missed).
+    pub fn clear(&self) {
+        self.epoch.fetch_add(1, Ordering::SeqCst);
+        self.entries.clear();
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn record(size: u64) -> EntryRecord {
+        EntryRecord {
+            path: "/pub/a".into(),
+            blob_key: "k".into(),
+            size,
+            content_hash: [0; 32],
+            created_at: 0,
+            updated_at: 0,
+        }
+    }
+
+    #[test]
+    fn insert_get_invalidate() {
+        let c = EntryCache::new(10);
+        let t = c.ticket();
+        c.insert(t, "u", "/pub/a", record(1));
+        assert_eq!(c.get("u", "/pub/a").map(|r| r.size), Some(1));
+        c.invalidate("u", "/pub/a");
+        assert!(c.get("u", "/pub/a").is_none());
+    }
+
+    #[test]
+    fn a_read_that_raced_a_write_is_not_cached() {
+        let c = EntryCache::new(10);
+        let t = c.ticket();
+        // A write commits and invalidates while the read is in flight.
+        c.invalidate("u", "/pub/a");
+        c.insert(t, "u", "/pub/a", record(1));
+        assert!(c.get("u", "/pub/a").is_none());
+        // Any write anywhere blocks the stale insert (conservative).
+        let t = c.ticket();
+        c.invalidate("u", "/pub/other");
+        c.insert(t, "u", "/pub/a", record(1));
+        assert!(c.get("u", "/pub/a").is_none());
+    }
+}
