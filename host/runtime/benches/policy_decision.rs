@@ -1,0 +1,94 @@
+//! One capability decision (a session with three capability strings) through the
+//! capability-policy guest — on a reused instance and on a fresh instance per call —
+//! against the same rule in native code (`homeserver_protocol::Capability::covers`).
+//! Prints p50 / p99 / mean per variant.
+//!
+//! Run: `cargo bench -p homeserver-runtime --bench policy_decision`
+
+use std::hint::black_box;
+use std::time::{Duration, Instant};
+
+use hdrhistogram::Histogram;
+use homeserver_protocol::capability::{Action, Capability};
+use homeserver_runtime::{AuthorizeRequest, Caller, Operation, PolicyRuntime, RuntimeConfig};
+
+const CAPABILITIES: [&str; 3] = ["read:/pub/a/", "write:/pub/b/", "*:/pub/app/"];
+const PATH: &str = "/pub/app/posts/0033SSE3B1FQ0";
+
+fn measure(name: &str, iterations: u64, mut call: impl FnMut()) {
+    // Warm up caches, the instance pool and the branch predictors.
+    for _ in 0..iterations / 10 {
+        call();
+    }
+    let mut histogram =
+        Histogram::<u64>::new_with_bounds(1, 10_000_000_000, 3).expect("histogram bounds");
+    let started = Instant::now();
+    for _ in 0..iterations {
+        let t = Instant::now();
+        call();
+        let nanos = u64::try_from(t.elapsed().as_nanos()).unwrap_or(u64::MAX);
+        histogram.saturating_record(nanos.max(1));
+    }
+    let total = started.elapsed();
+    let us = |n: u64| Duration::from_nanos(n).as_secs_f64() * 1e6;
+    println!(
+        "{name:<34} n={iterations:<7} p50={:>8.3} µs  p99={:>8.3} µs  mean={:>8.3} µs",
+        us(histogram.value_at_quantile(0.5)),
+        us(histogram.value_at_quantile(0.99)),
+        total.as_secs_f64() * 1e6 / iterations as f64,
+    );
+}
+
+fn runtime(instance_max_calls: u64) -> PolicyRuntime {
+    let dir = tempfile::tempdir().expect("tempdir");
+    // An empty directory: the built-in guests and data serve.
+    PolicyRuntime::load(RuntimeConfig {
+        policies_dir: dir.path().join("none"),
+        instance_max_calls,
+        ..RuntimeConfig::default()
+    })
+    .expect("runtime")
+}
+
+fn main() {
+    let request = AuthorizeRequest {
+        operation: Operation::Write,
+        path: PATH.to_owned(),
+        caller: Caller::Session {
+            capabilities: CAPABILITIES.iter().map(|c| (*c).to_owned()).collect(),
+        },
+        user: "8pinxxgqs41n4aididenw5apqp1urfmzdztr8jt4abrkdn435ewo".to_owned(),
+    };
+
+    let reused = runtime(u64::MAX);
+    println!("pooling allocator: {}", reused.uses_pooling_allocator());
+    assert!(reused.authorize(&request).expect("decision").allow);
+    measure("guest, reused instance", 200_000, || {
+        black_box(reused.authorize(black_box(&request)).map(|d| d.allow).ok());
+    });
+
+    // Retiring every instance after one call makes each call instantiate afresh
+    // (Store + instantiate from InstancePre + call).
+    let fresh = runtime(1);
+    measure("guest, fresh instance per call", 20_000, || {
+        black_box(fresh.authorize(black_box(&request)).map(|d| d.allow).ok());
+    });
+
+    let parsed: Vec<Capability> = CAPABILITIES
+        .iter()
+        .map(|c| c.parse().expect("capability"))
+        .collect();
+    measure("native Capability::covers", 1_000_000, || {
+        black_box(
+            parsed
+                .iter()
+                .any(|c| c.covers(Action::Write, black_box(PATH))),
+        );
+    });
+    measure("native, parsing the strings too", 1_000_000, || {
+        black_box(CAPABILITIES.iter().any(|s| {
+            s.parse::<Capability>()
+                .is_ok_and(|c| c.covers(Action::Write, black_box(PATH)))
+        }));
+    });
+}

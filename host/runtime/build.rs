@@ -1,0 +1,117 @@
+//! Builds the guests workspace (`guests/`) for wasm32-wasip2, so the default guests can be
+//! compiled into the runtime (`include_bytes!` in src/builtin.rs) and the test guests
+//! are at hand for the tests. This keeps `cargo run -p homeserver` working on a fresh
+//! clone with nothing but the Rust toolchain (rust-toolchain.toml installs the target).
+//!
+//! The nested cargo gets its own target directory next to the outer build's profile
+//! directories (`<target>/wasm-guests`), shared by debug and release builds, so a clean
+//! guest build (~1.5 min on 2 cores) happens once per target directory.
+//!
+//! Set `HOMESERVER_SKIP_GUEST_BUILD=1` to skip it (e.g. a machine without the wasm
+//! target): the runtime then has no built-in guests and serves only modules found in
+//! `policies/` (slots without one keep their safe default).
+
+use std::env;
+use std::fs;
+use std::path::{Path, PathBuf};
+use std::process::Command;
+
+/// The default guests: (crate file name, slot name).
+const DEFAULT_GUESTS: [(&str, &str); 3] = [
+    ("capability_policy", "capability-policy"),
+    ("safety_filter", "safety-filter"),
+    ("intent_classifier", "intent-classifier"),
+];
+
+/// Variables of the outer build that must not leak into the nested one: flags meant for
+/// the host target, the outer target directory, and clippy's wrapper.
+const LEAKY_ENV: [&str; 10] = [
+    "RUSTFLAGS",
+    "CARGO_ENCODED_RUSTFLAGS",
+    "CARGO_BUILD_RUSTFLAGS",
+    "CARGO_TARGET_DIR",
+    "CARGO_BUILD_TARGET_DIR",
+    "CARGO_BUILD_TARGET",
+    "RUSTC_WORKSPACE_WRAPPER",
+    "CARGO_PROFILE_RELEASE_DEBUG",
+    "CARGO_PROFILE_RELEASE_LTO",
+    "CARGO_LLVM_COV",
+];
+
+fn main() {
+    println!("cargo:rerun-if-env-changed=HOMESERVER_SKIP_GUEST_BUILD");
+    let manifest_dir = PathBuf::from(env::var("CARGO_MANIFEST_DIR").expect("CARGO_MANIFEST_DIR"));
+    let out_dir = PathBuf::from(env::var("OUT_DIR").expect("OUT_DIR"));
+    let repo = manifest_dir.join("../..");
+    let guests = repo.join("guests");
+    track(&guests, &repo.join("wit"));
+
+    let skip =
+        env::var_os("HOMESERVER_SKIP_GUEST_BUILD").is_some_and(|v| !v.is_empty() && v != "0");
+    let target_dir = out_dir
+        .ancestors()
+        .nth(4)
+        .map_or_else(|| out_dir.join("wasm-guests"), |t| t.join("wasm-guests"));
+    let built = target_dir.join("wasm32-wasip2").join("release");
+
+    if skip {
+        println!("cargo:warning=HOMESERVER_SKIP_GUEST_BUILD is set: no built-in guests");
+        for (_, slot) in DEFAULT_GUESTS {
+            fs::write(out_dir.join(format!("{slot}.wasm")), b"").expect("write placeholder");
+        }
+    } else {
+        build_guests(&guests, &target_dir);
+        for (file, slot) in DEFAULT_GUESTS {
+            let from = built.join(format!("{file}.wasm"));
+            fs::copy(&from, out_dir.join(format!("{slot}.wasm")))
+                .unwrap_or_else(|e| panic!("copy {}: {e}", from.display()));
+        }
+    }
+    // Test guests (hostile, deny-all, wrong-world) are read from here by the tests.
+    println!("cargo:rustc-env=HOMESERVER_TEST_GUESTS={}", built.display());
+}
+
+fn build_guests(guests: &Path, target_dir: &Path) {
+    let cargo = env::var("CARGO").unwrap_or_else(|_| "cargo".to_owned());
+    let mut command = Command::new(cargo);
+    command
+        .args([
+            "build",
+            "--release",
+            "--target",
+            "wasm32-wasip2",
+            "--manifest-path",
+        ])
+        .arg(guests.join("Cargo.toml"))
+        .arg("--target-dir")
+        .arg(target_dir);
+    for name in LEAKY_ENV {
+        command.env_remove(name);
+    }
+    let status = command
+        .status()
+        .unwrap_or_else(|e| panic!("could not run cargo to build the guests: {e}"));
+    if !status.success() {
+        panic!(
+            "building the guests failed ({status}). Is the wasm32-wasip2 target installed \
+             (`rustup target add wasm32-wasip2`)? Set HOMESERVER_SKIP_GUEST_BUILD=1 to build \
+             without built-in guests."
+        );
+    }
+}
+
+/// Rebuild when the guests' sources or the WIT change. Directories are scanned by cargo;
+/// the guests' own `target/` (from a manual build) is left out so it does not retrigger.
+fn track(guests: &Path, wit: &Path) {
+    println!("cargo:rerun-if-changed={}", wit.display());
+    let Ok(entries) = fs::read_dir(guests) else {
+        return;
+    };
+    for entry in entries.flatten() {
+        let path = entry.path();
+        if path.file_name().is_some_and(|n| n == "target") {
+            continue;
+        }
+        println!("cargo:rerun-if-changed={}", path.display());
+    }
+}

@@ -1,0 +1,67 @@
+//! The homeserver's Wasm guest runtime.
+//!
+//! Three slots — the capability policy (asked on every authorized request), the safety
+//! filter and the intent classifier (both used by the bot) — are each served by a
+//! WebAssembly component written against `wit/guest.wit`. [`PolicyRuntime`] loads them
+//! from the policies directory (`policies.toml` names module and data per slot; the
+//! default guests are compiled in), runs them sandboxed (memory cap, wall-clock
+//! deadline per call, no filesystem, network, clock or environment), reuses warm
+//! instances, and swaps a changed module or data set in without a restart. A guest
+//! failure never becomes an answer: the policy yields [`GuestFailure`] (the server
+//! answers 500), the filter blocks, the classifier says ambiguous.
+//!
+//! Map of the crate:
+//! - `runtime`: [`PolicyRuntime`], slots, reload, status, stats.
+//! - `module`: a loaded module and its instance pool.
+//! - `sandbox`: engine, limits, deadlines, linker — all sandbox settings.
+//! - `bindings`: every `bindgen!`; `wasi_shim`: the WASI subset guests get.
+//! - `policies`: policies.toml; `builtin`: compiled-in guests and data.
+//! - `cache`: compiled-module cache; `watch`: the directory watcher.
+//! - `tools`: `policy check` / `policy eval` and the golden cases.
+//!
+//! ```no_run
+//! use std::sync::Arc;
+//! use homeserver_runtime::{AuthorizeRequest, Caller, Operation, PolicyRuntime, RuntimeConfig};
+//!
+//! let runtime = Arc::new(PolicyRuntime::load(RuntimeConfig::default())?);
+//! let _watch = runtime.watch()?;
+//! let decision = runtime.authorize(&AuthorizeRequest {
+//!     operation: Operation::Write,
+//!     path: "/pub/app/post".into(),
+//!     caller: Caller::Session { capabilities: vec!["write:/pub/app/".into()] },
+//!     user: "8pinxxgqs41n4aididenw5apqp1urfmzdztr8jt4abrkdn435ewo".into(),
+//! });
+//! assert!(decision.is_ok_and(|d| d.allow));
+//! # Ok::<(), homeserver_runtime::RuntimeError>(())
+//! ```
+
+mod bindings;
+mod builtin;
+mod cache;
+mod error;
+mod module;
+mod policies;
+mod runtime;
+mod sandbox;
+mod stats;
+mod tools;
+mod types;
+mod wasi_shim;
+mod watch;
+
+pub use builtin::{InstallReport, install_defaults, module as builtin_module, module_file_name};
+pub use error::{GuestFailure, RuntimeError};
+pub use policies::{ModuleSource, POLICIES_FILE};
+pub use runtime::{
+    PolicyRuntime, ReloadOutcome, ReloadReport, RuntimeConfig, SlotReload, SlotStatus,
+};
+pub use sandbox::MIN_CALL_DEADLINE;
+pub use stats::{FailureCounts, LATENCY_BUCKETS, LatencyHistogram, SlotStats};
+pub use tools::{
+    CaseResult, CheckReport, EvalSummary, GoldenCase, check_module, eval_lines, golden_cases,
+};
+pub use types::{
+    AuthorizeRequest, Caller, Decision, Intent, IntentAction, Operation, SafetyVerdict, Slot,
+    TermMatch, UnknownSlot,
+};
+pub use watch::WatchHandle;

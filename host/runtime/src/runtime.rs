@@ -1,0 +1,501 @@
+//! [`PolicyRuntime`]: the slots, what serves each of them, hot swap, status and stats.
+//!
+//! Each slot holds an `ArcSwapOption<LoadedModule>`. A reload resolves the slot from
+//! policies.toml, skips it when module and data are unchanged (same fingerprint),
+//! otherwise compiles (or takes from the cache), checks the component against the
+//! slot's world, test-calls it with a known input, and only then swaps it in. Any
+//! failure leaves the old module serving and is kept for [`PolicyRuntime::status`].
+//! Reloads run one at a time, off the request path (the watcher's thread, a SIGHUP
+//! handler, an admin request); calls never wait for them.
+
+use std::path::{Path, PathBuf};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, SystemTime, UNIX_EPOCH};
+
+use arc_swap::ArcSwapOption;
+use serde::Serialize;
+
+use crate::cache::ModuleCache;
+use crate::error::{GuestFailure, RuntimeError};
+use crate::module::{LoadedModule, ModuleInfo, PoolOptions};
+use crate::policies::{ModuleSource, Policies};
+use crate::sandbox::{Sandbox, SandboxLimits};
+use crate::stats::{SlotStats, StatsCell};
+use crate::types::{AuthorizeRequest, Caller, Decision, Intent, Operation, SafetyVerdict, Slot};
+
+/// How the runtime runs. `Default` gives the embedded-server defaults.
+#[derive(Debug, Clone)]
+pub struct RuntimeConfig {
+    /// The directory with policies.toml, the modules and their data.
+    pub policies_dir: PathBuf,
+    /// Where compiled modules are cached across restarts (e.g. `data/guest-cache`);
+    /// `None` keeps them in memory only. Must be writable by the server alone: the
+    /// cache holds native code.
+    pub cache_dir: Option<PathBuf>,
+    /// Wall-clock budget of one guest call (at least 50 ms; shorter values are raised).
+    pub call_deadline: Duration,
+    /// Linear memory a guest instance may use.
+    pub memory_limit_bytes: usize,
+    /// Calls after which a warm instance is retired, so guest state cannot grow
+    /// without bound.
+    pub instance_max_calls: u64,
+    /// Warm instances kept per slot.
+    pub instances_per_slot: usize,
+    /// Guest instances alive at once across all slots (the pooling allocator's size;
+    /// a call finding it exhausted fails with the slot's safe default).
+    pub max_instances: u32,
+    /// Quiet time after a change in the policies directory before the watcher reloads.
+    pub watch_debounce: Duration,
+}
+
+impl Default for RuntimeConfig {
+    fn default() -> Self {
+        let cores = std::thread::available_parallelism().map_or(2, usize::from);
+        Self {
+            policies_dir: PathBuf::from("policies"),
+            cache_dir: None,
+            call_deadline: Duration::from_millis(100),
+            memory_limit_bytes: 32 << 20,
+            instance_max_calls: 10_000,
+            instances_per_slot: (2 * cores).max(2),
+            max_instances: 256,
+            watch_debounce: Duration::from_millis(300),
+        }
+    }
+}
+
+/// What a reload did to one slot.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+#[serde(tag = "outcome", rename_all = "lowercase")]
+pub enum ReloadOutcome {
+    /// Module and data are the same as what is serving.
+    Unchanged,
+    /// A new module or new data now serves.
+    Loaded {
+        source: String,
+        blake3: String,
+        from_cache: bool,
+    },
+    /// The new module or data was refused; what served before still serves.
+    Failed { error: String },
+}
+
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+pub struct SlotReload {
+    pub slot: Slot,
+    #[serde(flatten)]
+    pub outcome: ReloadOutcome,
+}
+
+/// What [`PolicyRuntime::reload`] did.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+pub struct ReloadReport {
+    pub slots: Vec<SlotReload>,
+}
+
+impl ReloadReport {
+    /// True when no slot failed.
+    pub fn is_ok(&self) -> bool {
+        !self
+            .slots
+            .iter()
+            .any(|s| matches!(s.outcome, ReloadOutcome::Failed { .. }))
+    }
+
+    pub fn outcome(&self, slot: Slot) -> Option<&ReloadOutcome> {
+        self.slots
+            .iter()
+            .find(|s| s.slot == slot)
+            .map(|s| &s.outcome)
+    }
+}
+
+/// The state of one slot, for `GET /admin/policies` and logs.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+pub struct SlotStatus {
+    pub slot: Slot,
+    /// True when a module serves the slot; false means every call gets the safe default.
+    pub serving: bool,
+    /// The module file, or `builtin`.
+    pub source: Option<String>,
+    /// BLAKE3 of the module bytes, hex.
+    pub blake3: Option<String>,
+    /// When the serving module (or its data) was loaded, Unix seconds.
+    pub loaded_at: Option<u64>,
+    /// Whether its compilation came from the cache.
+    pub from_cache: Option<bool>,
+    /// The last failed load (cleared by a successful or unchanged reload).
+    pub last_error: Option<String>,
+    pub last_error_at: Option<u64>,
+    /// What a failed call yields: deny, block or ambiguous.
+    pub safe_default: &'static str,
+}
+
+#[derive(Debug, Default)]
+struct SlotHealth {
+    last_error: Option<String>,
+    last_error_at: Option<SystemTime>,
+}
+
+struct SlotCell {
+    slot: Slot,
+    current: ArcSwapOption<LoadedModule>,
+    health: Mutex<SlotHealth>,
+    stats: StatsCell,
+}
+
+impl SlotCell {
+    fn new(slot: Slot) -> Self {
+        Self {
+            slot,
+            current: ArcSwapOption::empty(),
+            health: Mutex::new(SlotHealth::default()),
+            stats: StatsCell::default(),
+        }
+    }
+
+    fn unavailable(&self) -> GuestFailure {
+        let reason = self
+            .health
+            .lock()
+            .ok()
+            .and_then(|h| h.last_error.clone())
+            .unwrap_or_else(|| "not loaded".to_owned());
+        let failure = GuestFailure::Unavailable {
+            slot: self.slot,
+            reason,
+        };
+        self.stats.record_call(Duration::ZERO, Some(&failure));
+        failure
+    }
+
+    fn set_error(&self, error: Option<String>) {
+        if let Ok(mut health) = self.health.lock() {
+            health.last_error_at = error.as_ref().map(|_| SystemTime::now());
+            health.last_error = error;
+        }
+    }
+}
+
+/// The guest runtime. `Send + Sync`; share it in an `Arc`.
+pub struct PolicyRuntime {
+    config: RuntimeConfig,
+    sandbox: Arc<Sandbox>,
+    cache: ModuleCache,
+    slots: [SlotCell; 3],
+    /// Limits loading to one slot (`policy eval`).
+    only: Option<Slot>,
+    /// Replaces the configured module of `only` (`policy eval --module`).
+    module_override: Option<PathBuf>,
+    reload_lock: Mutex<()>,
+}
+
+impl std::fmt::Debug for PolicyRuntime {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("PolicyRuntime")
+            .field("policies_dir", &self.config.policies_dir)
+            .field("pooling_allocator", &self.sandbox.uses_pooling())
+            .finish_non_exhaustive()
+    }
+}
+
+fn index(slot: Slot) -> usize {
+    match slot {
+        Slot::CapabilityPolicy => 0,
+        Slot::SafetyFilter => 1,
+        Slot::IntentClassifier => 2,
+    }
+}
+
+fn unix_seconds(t: SystemTime) -> u64 {
+    t.duration_since(UNIX_EPOCH).map_or(0, |d| d.as_secs())
+}
+
+impl PolicyRuntime {
+    /// Sets up the sandbox and loads every slot. Fails only when the engine cannot be
+    /// set up: a missing or broken module leaves its slot on the safe default, with the
+    /// reason in [`status`](Self::status) and the log.
+    pub fn load(config: RuntimeConfig) -> Result<Self, RuntimeError> {
+        let runtime = Self::new(config, None, None)?;
+        runtime.reload();
+        Ok(runtime)
+    }
+
+    fn new(
+        config: RuntimeConfig,
+        only: Option<Slot>,
+        module_override: Option<PathBuf>,
+    ) -> Result<Self, RuntimeError> {
+        let sandbox = Sandbox::new(SandboxLimits {
+            call_deadline: config.call_deadline,
+            memory_limit_bytes: config.memory_limit_bytes,
+            max_instances: config.max_instances,
+        })?;
+        let cache = ModuleCache::new(&sandbox, config.cache_dir.clone());
+        Ok(Self {
+            slots: Slot::ALL.map(SlotCell::new),
+            config,
+            sandbox,
+            cache,
+            only,
+            module_override,
+            reload_lock: Mutex::new(()),
+        })
+    }
+
+    /// A runtime serving only `slot`, failing when it cannot be loaded (for tools).
+    pub(crate) fn load_single(
+        config: RuntimeConfig,
+        slot: Slot,
+        module: Option<&Path>,
+    ) -> Result<Self, RuntimeError> {
+        let runtime = Self::new(config, Some(slot), module.map(Path::to_owned))?;
+        let policies = Policies::read(&runtime.config.policies_dir)?;
+        let loaded = runtime.load_slot(slot, &policies)?;
+        runtime.slots[index(slot)].current.store(Some(loaded));
+        Ok(runtime)
+    }
+
+    /// The configuration the runtime was loaded with.
+    pub fn config(&self) -> &RuntimeConfig {
+        &self.config
+    }
+
+    /// Asks the capability policy. `Err` means the guest failed (trap, timeout, memory,
+    /// no module): the server must answer 500 `server_error`, never allow.
+    pub fn authorize(&self, req: &AuthorizeRequest) -> Result<Decision, GuestFailure> {
+        let cell = &self.slots[index(Slot::CapabilityPolicy)];
+        match cell.current.load_full() {
+            Some(module) => module.authorize(&cell.stats, req),
+            None => Err(cell.unavailable()),
+        }
+    }
+
+    /// Checks a text with the safety filter. On a guest failure the verdict is
+    /// `blocked` with `failure` set.
+    pub fn check_text(&self, text: &str) -> SafetyVerdict {
+        let cell = &self.slots[index(Slot::SafetyFilter)];
+        let result = match cell.current.load_full() {
+            Some(module) => module.check_text(&cell.stats, text),
+            None => Err(cell.unavailable()),
+        };
+        match result {
+            Ok((blocked, matches)) => SafetyVerdict {
+                blocked,
+                matches,
+                failure: None,
+            },
+            Err(failure) => SafetyVerdict::failed(failure),
+        }
+    }
+
+    /// Classifies a mention's intent. On a guest failure: [`Intent::Failed`], which
+    /// counts as ambiguous.
+    pub fn classify(&self, text: &str) -> Intent {
+        let cell = &self.slots[index(Slot::IntentClassifier)];
+        let result = match cell.current.load_full() {
+            Some(module) => module.classify(&cell.stats, text),
+            None => Err(cell.unavailable()),
+        };
+        result.unwrap_or_else(Intent::Failed)
+    }
+
+    /// Re-reads the policies directory and swaps in every slot whose module or data
+    /// changed and passes its checks. Blocks while another reload runs.
+    pub fn reload(&self) -> ReloadReport {
+        let _one_at_a_time = self
+            .reload_lock
+            .lock()
+            .unwrap_or_else(|poisoned| poisoned.into_inner());
+        let policies = Policies::read(&self.config.policies_dir);
+        let mut report = ReloadReport { slots: Vec::new() };
+        for cell in &self.slots {
+            if self.only.is_some_and(|only| only != cell.slot) {
+                continue;
+            }
+            let outcome = match &policies {
+                Ok(policies) => self.reload_slot(cell, policies),
+                Err(e) => Err(e.to_string()),
+            };
+            let outcome = match outcome {
+                Ok(outcome) => {
+                    cell.set_error(None);
+                    outcome
+                }
+                Err(error) => {
+                    tracing::error!(slot = %cell.slot, "guest not (re)loaded, the previous one keeps serving: {error}");
+                    cell.stats.record_reload(false);
+                    cell.set_error(Some(error.clone()));
+                    ReloadOutcome::Failed { error }
+                }
+            };
+            report.slots.push(SlotReload {
+                slot: cell.slot,
+                outcome,
+            });
+        }
+        report
+    }
+
+    fn reload_slot(&self, cell: &SlotCell, policies: &Policies) -> Result<ReloadOutcome, String> {
+        let module_override = self
+            .module_override
+            .as_deref()
+            .filter(|_| self.only == Some(cell.slot));
+        let resolved = policies
+            .resolve(cell.slot, module_override)
+            .map_err(|e| e.to_string())?;
+        if let Some(current) = cell.current.load_full()
+            && current.info.fingerprint == resolved.fingerprint
+        {
+            return Ok(ReloadOutcome::Unchanged);
+        }
+        let loaded = self
+            .load_resolved(cell.slot, resolved)
+            .map_err(|e| e.to_string())?;
+        let outcome = ReloadOutcome::Loaded {
+            source: loaded.info.source.to_string(),
+            blake3: loaded.info.module_hash.to_hex().to_string(),
+            from_cache: loaded.info.from_cache,
+        };
+        tracing::info!(
+            slot = %cell.slot,
+            source = %loaded.info.source,
+            blake3 = %loaded.info.module_hash.to_hex(),
+            from_cache = loaded.info.from_cache,
+            "guest loaded"
+        );
+        cell.current.store(Some(loaded));
+        cell.stats.record_reload(true);
+        Ok(outcome)
+    }
+
+    fn load_slot(
+        &self,
+        slot: Slot,
+        policies: &Policies,
+    ) -> Result<Arc<LoadedModule>, RuntimeError> {
+        let module_override = self
+            .module_override
+            .as_deref()
+            .filter(|_| self.only == Some(slot));
+        let resolved = policies.resolve(slot, module_override)?;
+        self.load_resolved(slot, resolved)
+    }
+
+    /// Compile (or fetch from the cache), check against the world, test-call.
+    fn load_resolved(
+        &self,
+        slot: Slot,
+        resolved: crate::policies::ResolvedSlot,
+    ) -> Result<Arc<LoadedModule>, RuntimeError> {
+        let name = resolved.source.to_string();
+        let (component, from_cache) = self
+            .cache
+            .get_or_compile(&self.sandbox, &resolved.bytes, &resolved.module_hash)
+            .map_err(|e| RuntimeError::Compile {
+                module: name.clone(),
+                message: format!("{e:#}"),
+            })?;
+        let info = ModuleInfo {
+            source: resolved.source,
+            module_hash: resolved.module_hash,
+            fingerprint: resolved.fingerprint,
+            loaded_at: SystemTime::now(),
+            from_cache,
+        };
+        let pool = PoolOptions {
+            idle_max: self.config.instances_per_slot.max(1),
+            max_calls: self.config.instance_max_calls.max(1),
+        };
+        let loaded = LoadedModule::new(
+            Arc::clone(&self.sandbox),
+            slot,
+            &component,
+            resolved.config,
+            info,
+            pool,
+        )
+        .map_err(|message| RuntimeError::World {
+            module: name.clone(),
+            slot,
+            message,
+        })?;
+        test_call(&loaded).map_err(|failure| RuntimeError::TestCall {
+            module: name,
+            slot,
+            failure,
+        })?;
+        Ok(Arc::new(loaded))
+    }
+
+    /// Every slot's state.
+    pub fn status(&self) -> Vec<SlotStatus> {
+        self.slots
+            .iter()
+            .map(|cell| {
+                let current = cell.current.load_full();
+                let (last_error, last_error_at) = cell
+                    .health
+                    .lock()
+                    .map(|h| (h.last_error.clone(), h.last_error_at.map(unix_seconds)))
+                    .unwrap_or_default();
+                SlotStatus {
+                    slot: cell.slot,
+                    serving: current.is_some(),
+                    source: current.as_ref().map(|m| m.info.source.to_string()),
+                    blake3: current
+                        .as_ref()
+                        .map(|m| m.info.module_hash.to_hex().to_string()),
+                    loaded_at: current.as_ref().map(|m| unix_seconds(m.info.loaded_at)),
+                    from_cache: current.as_ref().map(|m| m.info.from_cache),
+                    last_error,
+                    last_error_at,
+                    safe_default: cell.slot.safe_default(),
+                }
+            })
+            .collect()
+    }
+
+    /// Every slot's call counters and latency histogram.
+    pub fn stats(&self) -> Vec<SlotStats> {
+        self.slots
+            .iter()
+            .map(|cell| cell.stats.snapshot(cell.slot))
+            .collect()
+    }
+
+    /// Whether the sandbox got the pooling allocator (else on-demand allocation).
+    pub fn uses_pooling_allocator(&self) -> bool {
+        self.sandbox.uses_pooling()
+    }
+
+    pub(crate) fn module(&self, slot: Slot) -> Option<Arc<LoadedModule>> {
+        self.slots[index(slot)].current.load_full()
+    }
+
+    pub(crate) fn source_of(&self, slot: Slot) -> Option<ModuleSource> {
+        self.module(slot).map(|m| m.info.source.clone())
+    }
+}
+
+/// Calls a freshly loaded module once with a known input: it must answer (any answer)
+/// within its deadline. This also warms its instance pool.
+pub(crate) fn test_call(module: &LoadedModule) -> Result<(), GuestFailure> {
+    let stats = StatsCell::default();
+    match module.slot {
+        Slot::CapabilityPolicy => module
+            .authorize(
+                &stats,
+                &AuthorizeRequest {
+                    operation: Operation::Read,
+                    path: "/pub/".to_owned(),
+                    caller: Caller::Owner,
+                    user: String::new(),
+                },
+            )
+            .map(drop),
+        Slot::SafetyFilter => module.check_text(&stats, "hello world").map(drop),
+        Slot::IntentClassifier => module.classify(&stats, "tl;dr").map(drop),
+    }
+}

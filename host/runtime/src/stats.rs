@@ -1,0 +1,177 @@
+//! Per-slot call counters and a latency histogram: lock-free atomics, cheap enough for
+//! every call, read by the server's metrics endpoint through [`SlotStats`].
+
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::time::Duration;
+
+use serde::Serialize;
+
+use crate::error::GuestFailure;
+use crate::types::Slot;
+
+/// Upper bounds of the latency buckets, in seconds (a Prometheus histogram's `le`).
+pub const LATENCY_BUCKETS: [f64; 14] = [
+    1e-6, 2.5e-6, 5e-6, 1e-5, 2.5e-5, 5e-5, 1e-4, 2.5e-4, 5e-4, 1e-3, 5e-3, 2.5e-2, 0.1, 1.0,
+];
+
+/// A snapshot of one slot's counters.
+#[derive(Debug, Clone, PartialEq, Serialize)]
+pub struct SlotStats {
+    pub slot: Slot,
+    /// Calls made, failed or not.
+    pub calls: u64,
+    /// Calls that yielded the safe default, by reason.
+    pub failures: FailureCounts,
+    /// Fresh instances created (the rest of the calls reused one).
+    pub instantiations: u64,
+    /// Successful and failed loads of a new module or new data.
+    pub reloads: u64,
+    pub reload_failures: u64,
+    pub latency: LatencyHistogram,
+}
+
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize)]
+pub struct FailureCounts {
+    pub unavailable: u64,
+    pub instantiate: u64,
+    pub timeout: u64,
+    pub memory: u64,
+    pub trap: u64,
+}
+
+impl FailureCounts {
+    pub fn total(&self) -> u64 {
+        self.unavailable + self.instantiate + self.timeout + self.memory + self.trap
+    }
+}
+
+/// Call latency (including instantiation when no warm instance was free).
+#[derive(Debug, Clone, PartialEq, Serialize)]
+pub struct LatencyHistogram {
+    /// Calls per bucket of [`LATENCY_BUCKETS`] (not cumulative); one more entry at the
+    /// end counts calls slower than the last bound.
+    pub counts: Vec<u64>,
+    pub count: u64,
+    pub sum_seconds: f64,
+}
+
+impl LatencyHistogram {
+    /// Cumulative counts per bound, as Prometheus `_bucket{le=..}` wants them (the
+    /// `+Inf` bucket is `count`).
+    pub fn cumulative(&self) -> Vec<(f64, u64)> {
+        let mut total = 0;
+        LATENCY_BUCKETS
+            .iter()
+            .zip(&self.counts)
+            .map(|(&bound, &n)| {
+                total += n;
+                (bound, total)
+            })
+            .collect()
+    }
+}
+
+#[derive(Debug, Default)]
+pub(crate) struct StatsCell {
+    calls: AtomicU64,
+    unavailable: AtomicU64,
+    instantiate: AtomicU64,
+    timeout: AtomicU64,
+    memory: AtomicU64,
+    trap: AtomicU64,
+    instantiations: AtomicU64,
+    reloads: AtomicU64,
+    reload_failures: AtomicU64,
+    buckets: [AtomicU64; LATENCY_BUCKETS.len() + 1],
+    sum_nanos: AtomicU64,
+}
+
+impl StatsCell {
+    pub(crate) fn record_call(&self, elapsed: Duration, failure: Option<&GuestFailure>) {
+        self.calls.fetch_add(1, Ordering::Relaxed);
+        let seconds = elapsed.as_secs_f64();
+        let bucket = LATENCY_BUCKETS
+            .iter()
+            .position(|&bound| seconds <= bound)
+            .unwrap_or(LATENCY_BUCKETS.len());
+        self.buckets[bucket].fetch_add(1, Ordering::Relaxed);
+        self.sum_nanos.fetch_add(
+            u64::try_from(elapsed.as_nanos()).unwrap_or(u64::MAX),
+            Ordering::Relaxed,
+        );
+        if let Some(failure) = failure {
+            let counter = match failure {
+                GuestFailure::Unavailable { .. } => &self.unavailable,
+                GuestFailure::Instantiate { .. } => &self.instantiate,
+                GuestFailure::Timeout { .. } => &self.timeout,
+                GuestFailure::MemoryLimit { .. } => &self.memory,
+                GuestFailure::Trap { .. } => &self.trap,
+            };
+            counter.fetch_add(1, Ordering::Relaxed);
+        }
+    }
+
+    pub(crate) fn record_instantiation(&self) {
+        self.instantiations.fetch_add(1, Ordering::Relaxed);
+    }
+
+    pub(crate) fn record_reload(&self, ok: bool) {
+        let counter = if ok {
+            &self.reloads
+        } else {
+            &self.reload_failures
+        };
+        counter.fetch_add(1, Ordering::Relaxed);
+    }
+
+    pub(crate) fn snapshot(&self, slot: Slot) -> SlotStats {
+        let load = |a: &AtomicU64| a.load(Ordering::Relaxed);
+        let counts: Vec<u64> = self.buckets.iter().map(load).collect();
+        SlotStats {
+            slot,
+            calls: load(&self.calls),
+            failures: FailureCounts {
+                unavailable: load(&self.unavailable),
+                instantiate: load(&self.instantiate),
+                timeout: load(&self.timeout),
+                memory: load(&self.memory),
+                trap: load(&self.trap),
+            },
+            instantiations: load(&self.instantiations),
+            reloads: load(&self.reloads),
+            reload_failures: load(&self.reload_failures),
+            latency: LatencyHistogram {
+                count: counts.iter().sum(),
+                counts,
+                sum_seconds: load(&self.sum_nanos) as f64 / 1e9,
+            },
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn histogram_buckets() {
+        let cell = StatsCell::default();
+        cell.record_call(Duration::from_nanos(800), None);
+        cell.record_call(Duration::from_micros(30), None);
+        cell.record_call(
+            Duration::from_secs(2),
+            Some(&GuestFailure::Timeout {
+                slot: Slot::SafetyFilter,
+                deadline: Duration::from_millis(50),
+            }),
+        );
+        let s = cell.snapshot(Slot::SafetyFilter);
+        assert_eq!(s.calls, 3);
+        assert_eq!(s.failures.timeout, 1);
+        assert_eq!(s.latency.count, 3);
+        let cumulative = s.latency.cumulative();
+        assert_eq!(cumulative[0], (1e-6, 1));
+        assert_eq!(cumulative[5], (5e-5, 2));
+        assert_eq!(cumulative.last().map(|c| c.1), Some(2));
+    }
+}

@@ -1,0 +1,316 @@
+//! Library side of the plugin-author commands `homeserver policy check FILE --slot NAME`
+//! ([`check_module`]) and `homeserver policy eval --slot NAME [--module FILE]`
+//! ([`eval_lines`]), and the golden cases both share with the tests.
+
+use std::io::{BufRead, Write};
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+use std::time::Instant;
+
+use serde::Serialize;
+use serde_json::{Value, json};
+
+use crate::error::RuntimeError;
+use crate::module::{LoadedModule, ModuleInfo, PoolOptions};
+use crate::policies::{ModuleSource, Policies, json_config_value};
+use crate::runtime::{PolicyRuntime, RuntimeConfig, test_call};
+use crate::sandbox::{Sandbox, SandboxLimits};
+use crate::stats::StatsCell;
+use crate::types::{AuthorizeRequest, Intent, Slot};
+
+/// The golden cases of each slot (`testdata/guests/<slot>/cases.jsonl`), compiled in so
+/// `policy check` works without the repository.
+fn golden_text(slot: Slot) -> &'static str {
+    match slot {
+        Slot::CapabilityPolicy => {
+            include_str!("../../../testdata/guests/capability-policy/cases.jsonl")
+        }
+        Slot::SafetyFilter => include_str!("../../../testdata/guests/safety-filter/cases.jsonl"),
+        Slot::IntentClassifier => {
+            include_str!("../../../testdata/guests/intent-classifier/cases.jsonl")
+        }
+    }
+}
+
+/// One golden case: input, expected answer, config overrides.
+#[derive(Debug, Clone)]
+pub struct GoldenCase {
+    pub name: String,
+    pub config: serde_json::Map<String, Value>,
+    pub input: Value,
+    pub expect: Value,
+}
+
+/// The golden cases of `slot`. Blank lines and lines starting with `#` are skipped.
+pub fn golden_cases(slot: Slot) -> Vec<GoldenCase> {
+    golden_text(slot)
+        .lines()
+        .filter(|line| !line.trim().is_empty() && !line.trim_start().starts_with('#'))
+        .filter_map(|line| match serde_json::from_str::<Value>(line) {
+            Ok(case) => Some(case),
+            Err(e) => {
+                // The file is compiled in and tested; a bad line is a repository bug.
+                tracing::error!("bad golden case for {slot}: {e}");
+                None
+            }
+        })
+        .map(|mut case| GoldenCase {
+            name: case["name"].as_str().unwrap_or("unnamed").to_owned(),
+            config: case["config"].as_object().cloned().unwrap_or_default(),
+            input: case["input"].take(),
+            expect: case["expect"].take(),
+        })
+        .collect()
+}
+
+/// The result of one golden case.
+#[derive(Debug, Clone, Serialize)]
+pub struct CaseResult {
+    pub name: String,
+    pub passed: bool,
+    pub input: Value,
+    pub expected: Value,
+    pub got: Value,
+}
+
+/// What [`check_module`] found.
+#[derive(Debug, Clone, Serialize)]
+pub struct CheckReport {
+    pub slot: Slot,
+    pub module: PathBuf,
+    pub blake3: String,
+    pub size_bytes: usize,
+    pub compile_ms: f64,
+    pub cases: Vec<CaseResult>,
+}
+
+impl CheckReport {
+    /// True when every golden case passed.
+    pub fn passed(&self) -> bool {
+        self.cases.iter().all(|c| c.passed)
+    }
+
+    pub fn failures(&self) -> impl Iterator<Item = &CaseResult> {
+        self.cases.iter().filter(|c| !c.passed)
+    }
+}
+
+/// Validates a module for `slot` and runs the slot's golden cases through it, with the
+/// default data (the compiled-in policies/). `Err` when the module cannot serve the
+/// slot at all: unreadable, not a component, wrong world, or failing its test call.
+/// Golden-case failures are in the report (a custom policy may differ on purpose).
+pub fn check_module(path: &Path, slot: Slot) -> Result<CheckReport, RuntimeError> {
+    let defaults = RuntimeConfig::default();
+    let sandbox = Sandbox::new(SandboxLimits {
+        call_deadline: defaults.call_deadline,
+        memory_limit_bytes: defaults.memory_limit_bytes,
+        max_instances: 16,
+    })?;
+    let resolved = Policies::builtin().resolve(slot, Some(path))?;
+    let name = path.display().to_string();
+    let started = Instant::now();
+    let component = sandbox
+        .compile(&resolved.bytes)
+        .map_err(|e| RuntimeError::Compile {
+            module: name.clone(),
+            message: format!("{e:#}"),
+        })?;
+    let compile_ms = started.elapsed().as_secs_f64() * 1e3;
+    let info = ModuleInfo {
+        source: ModuleSource::File(path.to_owned()),
+        module_hash: resolved.module_hash,
+        fingerprint: resolved.fingerprint,
+        loaded_at: std::time::SystemTime::now(),
+        from_cache: false,
+    };
+    let pool = PoolOptions {
+        idle_max: 1,
+        max_calls: defaults.instance_max_calls,
+    };
+    let defaults_config = resolved.config.clone();
+    let module = LoadedModule::new(
+        Arc::clone(&sandbox),
+        slot,
+        &component,
+        resolved.config,
+        info,
+        pool,
+    )
+    .map_err(|message| RuntimeError::World {
+        module: name.clone(),
+        slot,
+        message,
+    })?;
+    test_call(&module).map_err(|failure| RuntimeError::TestCall {
+        module: name,
+        slot,
+        failure,
+    })?;
+
+    let cases = golden_cases(slot)
+        .into_iter()
+        .map(|case| {
+            let target = if case.config.is_empty() {
+                None
+            } else {
+                let mut config = defaults_config.clone();
+                for (key, value) in &case.config {
+                    config.insert(key.clone(), json_config_value(value));
+                }
+                Some(module.with_config(config))
+            };
+            run_case(target.as_ref().unwrap_or(&module), slot, case)
+        })
+        .collect();
+    Ok(CheckReport {
+        slot,
+        module: path.to_owned(),
+        blake3: resolved.module_hash.to_hex().to_string(),
+        size_bytes: resolved.bytes.len(),
+        compile_ms,
+        cases,
+    })
+}
+
+fn run_case(module: &LoadedModule, slot: Slot, case: GoldenCase) -> CaseResult {
+    let stats = StatsCell::default();
+    let got = evaluate(module, &stats, slot, &case.input);
+    let passed = case_passes(slot, &case.expect, &got);
+    CaseResult {
+        name: case.name,
+        passed,
+        input: case.input,
+        expected: case.expect,
+        got,
+    }
+}
+
+/// Compares an answer with a golden expectation: `allow` for the policy; `blocked` and
+/// the set of `terms` for the filter; `action` and the `matched` list for the
+/// classifier. Fields the expectation leaves out are not compared.
+fn case_passes(slot: Slot, expect: &Value, got: &Value) -> bool {
+    match slot {
+        Slot::CapabilityPolicy => got.get("failure").is_none() && got["allow"] == expect["allow"],
+        Slot::SafetyFilter => {
+            let terms = |v: &Value, key: &str| -> Option<Vec<String>> {
+                let mut terms: Vec<String> = v
+                    .get(key)?
+                    .as_array()?
+                    .iter()
+                    .map(|t| {
+                        t.get("term")
+                            .unwrap_or(t)
+                            .as_str()
+                            .unwrap_or_default()
+                            .to_owned()
+                    })
+                    .collect();
+                terms.sort();
+                Some(terms)
+            };
+            got.get("failure").is_none()
+                && got["blocked"] == expect["blocked"]
+                && (expect.get("terms").is_none()
+                    || terms(expect, "terms") == terms(got, "matches"))
+        }
+        Slot::IntentClassifier => {
+            got.get("failure").is_none()
+                && got["action"] == expect["action"]
+                && (expect.get("matched").is_none() || got["matched"] == expect["matched"])
+        }
+    }
+}
+
+/// One input through one slot, as the JSON `policy eval` prints. Bad input gives
+/// `{"error": ..}`; a guest failure gives the safe default plus `"failure"`.
+fn evaluate(module: &LoadedModule, stats: &StatsCell, slot: Slot, input: &Value) -> Value {
+    match slot {
+        Slot::CapabilityPolicy => match serde_json::from_value::<AuthorizeRequest>(input.clone()) {
+            Ok(req) => match module.authorize(stats, &req) {
+                Ok(decision) => json!({"allow": decision.allow, "reason": decision.reason}),
+                Err(failure) => json!({"allow": false, "failure": failure.to_string()}),
+            },
+            Err(e) => json!({"error": format!("not an authorize request: {e}")}),
+        },
+        Slot::SafetyFilter | Slot::IntentClassifier => {
+            let Some(text) = input.get("text").and_then(Value::as_str) else {
+                return json!({"error": "expected {\"text\": \"...\"}"});
+            };
+            if slot == Slot::SafetyFilter {
+                let verdict = match module.check_text(stats, text) {
+                    Ok((blocked, matches)) => crate::types::SafetyVerdict {
+                        blocked,
+                        matches,
+                        failure: None,
+                    },
+                    Err(failure) => crate::types::SafetyVerdict::failed(failure),
+                };
+                serde_json::to_value(verdict).unwrap_or_else(|e| json!({"error": e.to_string()}))
+            } else {
+                let intent = module.classify(stats, text).unwrap_or_else(Intent::Failed);
+                serde_json::to_value(intent).unwrap_or_else(|e| json!({"error": e.to_string()}))
+            }
+        }
+    }
+}
+
+/// What [`eval_lines`] processed.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize)]
+pub struct EvalSummary {
+    /// Input lines answered (blank and `#` lines are skipped).
+    pub lines: u64,
+    /// Lines that were not valid input.
+    pub bad_input: u64,
+    /// Lines on which the guest failed (answered with the safe default).
+    pub guest_failures: u64,
+}
+
+/// Reads JSON lines from `reader`, asks `slot`'s guest, writes one JSON line per input
+/// to `writer`. The guest is the one policies.toml in `policies_dir` names (or the
+/// built-in one), or `module` when given; the data comes from `policies_dir`.
+///
+/// Input: `{"text": ".."}` for safety-filter and intent-classifier; an
+/// [`AuthorizeRequest`] for capability-policy, e.g. `{"operation": "write", "path":
+/// "/pub/app/x", "caller": {"session": {"capabilities": ["write:/pub/app/"]}}}`.
+pub fn eval_lines(
+    slot: Slot,
+    module: Option<&Path>,
+    policies_dir: &Path,
+    reader: impl BufRead,
+    mut writer: impl Write,
+) -> Result<EvalSummary, RuntimeError> {
+    let config = RuntimeConfig {
+        policies_dir: policies_dir.to_owned(),
+        instances_per_slot: 1,
+        max_instances: 16,
+        ..RuntimeConfig::default()
+    };
+    let runtime = PolicyRuntime::load_single(config, slot, module)?;
+    let loaded = runtime.module(slot).ok_or_else(|| RuntimeError::NoModule {
+        slot,
+        message: "not loaded".to_owned(),
+    })?;
+    tracing::debug!(slot = %slot, source = ?runtime.source_of(slot), "evaluating");
+    let stats = StatsCell::default();
+    let mut summary = EvalSummary::default();
+    for line in reader.lines() {
+        let line = line.map_err(|e| RuntimeError::io("<input>", e))?;
+        let trimmed = line.trim();
+        if trimmed.is_empty() || trimmed.starts_with('#') {
+            continue;
+        }
+        summary.lines += 1;
+        let answer = match serde_json::from_str::<Value>(trimmed) {
+            Ok(input) => evaluate(&loaded, &stats, slot, &input),
+            Err(e) => json!({"error": format!("line {}: not JSON: {e}", summary.lines)}),
+        };
+        if answer.get("error").is_some() {
+            summary.bad_input += 1;
+        } else if answer.get("failure").is_some() {
+            summary.guest_failures += 1;
+        }
+        writeln!(writer, "{answer}").map_err(RuntimeError::Output)?;
+    }
+    writer.flush().map_err(RuntimeError::Output)?;
+    Ok(summary)
+}

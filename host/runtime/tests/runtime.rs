@@ -1,0 +1,687 @@
+//! The runtime through real Wasm: golden cases, fail-closed hostile guests, hot swap
+//! under load, the module cache, reload failures, the directory watcher and the tools.
+//! Test guests come from build.rs (`HOMESERVER_TEST_GUESTS`).
+
+// Helpers outside #[test] fns unwrap too (clippy.toml only covers the fns themselves).
+#![allow(clippy::unwrap_used)]
+
+use std::io::Cursor;
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::time::{Duration, Instant};
+
+use homeserver_runtime::{
+    AuthorizeRequest, Caller, GuestFailure, Intent, IntentAction, ModuleSource, Operation,
+    PolicyRuntime, ReloadOutcome, RuntimeConfig, RuntimeError, Slot, check_module, eval_lines,
+    install_defaults,
+};
+use tempfile::TempDir;
+
+const TEST_GUESTS: &str = env!("HOMESERVER_TEST_GUESTS");
+
+fn guest(name: &str) -> PathBuf {
+    Path::new(TEST_GUESTS).join(format!("{name}.wasm"))
+}
+
+fn repo() -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR")).join("../..")
+}
+
+/// A compiled-module cache shared by the tests (and test runs), so each guest is
+/// compiled once instead of once per test.
+fn shared_cache() -> PathBuf {
+    Path::new(env!("CARGO_TARGET_TMPDIR")).join("guest-cache")
+}
+
+/// A policies directory with the repository's policies.toml and data, no modules (the
+/// built-in guests serve).
+fn policies_dir() -> TempDir {
+    let dir = tempfile::tempdir().unwrap();
+    let src = repo().join("policies");
+    std::fs::copy(src.join("policies.toml"), dir.path().join("policies.toml")).unwrap();
+    for sub in ["wordlists", "keywords"] {
+        std::fs::create_dir_all(dir.path().join(sub)).unwrap();
+        for entry in std::fs::read_dir(src.join(sub)).unwrap() {
+            let entry = entry.unwrap();
+            std::fs::copy(entry.path(), dir.path().join(sub).join(entry.file_name())).unwrap();
+        }
+    }
+    dir
+}
+
+fn config(dir: &Path) -> RuntimeConfig {
+    RuntimeConfig {
+        policies_dir: dir.to_owned(),
+        cache_dir: Some(shared_cache()),
+        ..RuntimeConfig::default()
+    }
+}
+
+fn session(capabilities: &[&str], operation: Operation, path: &str) -> AuthorizeRequest {
+    AuthorizeRequest {
+        operation,
+        path: path.to_owned(),
+        caller: Caller::Session {
+            capabilities: capabilities.iter().map(|c| (*c).to_owned()).collect(),
+        },
+        user: String::new(),
+    }
+}
+
+fn owner(operation: Operation, path: &str) -> AuthorizeRequest {
+    AuthorizeRequest {
+        operation,
+        path: path.to_owned(),
+        caller: Caller::Owner,
+        user: String::new(),
+    }
+}
+
+/// Replaces a file the way an operator's `cp new.wasm policies/x.wasm` would end up:
+/// atomically, via a rename.
+fn replace(path: &Path, bytes: &[u8]) {
+    let tmp = path.with_extension("tmp-test");
+    std::fs::write(&tmp, bytes).unwrap();
+    std::fs::rename(&tmp, path).unwrap();
+}
+
+#[test]
+fn golden_cases_pass_through_wasm() {
+    for (slot, file) in [
+        (Slot::CapabilityPolicy, "capability_policy"),
+        (Slot::SafetyFilter, "safety_filter"),
+        (Slot::IntentClassifier, "intent_classifier"),
+    ] {
+        let report = check_module(&guest(file), slot).unwrap();
+        assert!(
+            report.cases.len() >= 15,
+            "{slot}: {} cases",
+            report.cases.len()
+        );
+        let failures: Vec<_> = report.failures().collect();
+        assert!(failures.is_empty(), "{slot}: {failures:#?}");
+    }
+}
+
+#[test]
+fn builtin_guests_serve_a_fresh_directory() {
+    let dir = policies_dir();
+    let runtime = PolicyRuntime::load(config(dir.path())).unwrap();
+    for status in runtime.status() {
+        assert!(status.serving, "{status:?}");
+        assert_eq!(status.source.as_deref(), Some("builtin"));
+        assert!(status.last_error.is_none());
+    }
+    assert!(
+        runtime
+            .authorize(&owner(Operation::Write, "/pub/x"))
+            .unwrap()
+            .allow
+    );
+    let denied = runtime
+        .authorize(&session(&["read:/pub/"], Operation::Write, "/pub/x"))
+        .unwrap();
+    assert!(!denied.allow && !denied.reason.is_empty());
+    let verdict = runtime.check_text("f r e e  m 0 n e y");
+    assert!(verdict.blocked && !verdict.is_failure());
+    assert_eq!(verdict.matches[0].list, "spam");
+    assert_eq!(
+        runtime.classify("TL;DR?").action(),
+        Some(IntentAction::Summary)
+    );
+    assert!(runtime.classify("hello").is_ambiguous());
+}
+
+#[test]
+fn missing_directory_uses_builtin_guests_and_data() {
+    let dir = tempfile::tempdir().unwrap();
+    let runtime = PolicyRuntime::load(config(&dir.path().join("nowhere"))).unwrap();
+    assert!(runtime.status().iter().all(|s| s.serving));
+    assert!(runtime.check_text("claim your prize").blocked);
+}
+
+#[test]
+fn operator_config_restricts_owners() {
+    let dir = policies_dir();
+    let toml = std::fs::read_to_string(dir.path().join("policies.toml")).unwrap();
+    let toml = toml.replace(
+        "read-only-prefixes = []",
+        "read-only-prefixes = [\"/pub/archive/\"]",
+    );
+    std::fs::write(dir.path().join("policies.toml"), toml).unwrap();
+    let runtime = PolicyRuntime::load(config(dir.path())).unwrap();
+    let write = runtime
+        .authorize(&owner(Operation::Write, "/pub/archive/2024"))
+        .unwrap();
+    assert!(!write.allow, "{write:?}");
+    assert!(write.reason.contains("read-only"));
+    assert!(
+        runtime
+            .authorize(&owner(Operation::Read, "/pub/archive/2024"))
+            .unwrap()
+            .allow
+    );
+    assert!(
+        runtime
+            .authorize(&owner(Operation::Write, "/pub/other"))
+            .unwrap()
+            .allow
+    );
+}
+
+/// Each misbehaviour fails that call only, with the slot's safe default, and the next
+/// call on the same slot works.
+#[test]
+fn hostile_guests_fail_closed() {
+    let dir = policies_dir();
+    std::fs::copy(guest("hostile"), dir.path().join("hostile.wasm")).unwrap();
+    std::fs::write(
+        dir.path().join("policies.toml"),
+        "[capability-policy]\nmodule = \"hostile.wasm\"\n\
+         [safety-filter]\nmodule = \"hostile.wasm\"\n\
+         [intent-classifier]\nmodule = \"hostile.wasm\"\n",
+    )
+    .unwrap();
+    let runtime = PolicyRuntime::load(RuntimeConfig {
+        memory_limit_bytes: 16 << 20,
+        ..config(dir.path())
+    })
+    .unwrap();
+    assert!(runtime.status().iter().all(|s| s.serving));
+
+    let started = Instant::now();
+    let timeout = runtime
+        .authorize(&owner(Operation::Read, "/pub/loop"))
+        .unwrap_err();
+    assert!(matches!(timeout, GuestFailure::Timeout { .. }), "{timeout}");
+    assert!(
+        started.elapsed() < Duration::from_secs(2),
+        "deadline took {:?}",
+        started.elapsed()
+    );
+    let memory = runtime
+        .authorize(&owner(Operation::Read, "/pub/alloc"))
+        .unwrap_err();
+    assert!(
+        matches!(memory, GuestFailure::MemoryLimit { .. }),
+        "{memory}"
+    );
+    for trigger in ["panic", "stack", "exit"] {
+        let failure = runtime
+            .authorize(&owner(Operation::Read, &format!("/pub/{trigger}")))
+            .unwrap_err();
+        assert!(
+            matches!(failure, GuestFailure::Trap { .. }),
+            "{trigger}: {failure}"
+        );
+        assert!(
+            runtime
+                .authorize(&owner(Operation::Read, "/pub/ok"))
+                .unwrap()
+                .allow
+        );
+    }
+    // Printing is harmless: the output goes to the log.
+    assert!(
+        runtime
+            .authorize(&owner(Operation::Read, "/pub/print"))
+            .unwrap()
+            .allow
+    );
+
+    let blocked = runtime.check_text("loop");
+    assert!(blocked.blocked && blocked.is_failure(), "{blocked:?}");
+    let memory = runtime.check_text("alloc");
+    assert!(memory.blocked && matches!(memory.failure, Some(GuestFailure::MemoryLimit { .. })));
+    assert!(!runtime.check_text("fine").blocked);
+
+    assert!(matches!(
+        runtime.classify("panic"),
+        Intent::Failed(GuestFailure::Trap { .. })
+    ));
+    assert!(runtime.classify("panic").is_ambiguous());
+    assert_eq!(
+        runtime.classify("fine").action(),
+        Some(IntentAction::Summary)
+    );
+
+    let stats = runtime.stats();
+    let policy = &stats[0];
+    assert_eq!(policy.slot, Slot::CapabilityPolicy);
+    assert_eq!(policy.failures.timeout, 1);
+    assert_eq!(policy.failures.memory, 1);
+    assert_eq!(policy.failures.trap, 3);
+    assert_eq!(policy.latency.count, 9);
+}
+
+#[test]
+fn wrong_world_and_garbage_are_rejected() {
+    let err = check_module(&guest("wrong_world"), Slot::CapabilityPolicy).unwrap_err();
+    assert!(matches!(err, RuntimeError::World { .. }), "{err}");
+    assert!(
+        err.to_string().contains("homeserver:guest/policy@0.1.0"),
+        "{err}"
+    );
+    let err = check_module(&guest("safety_filter"), Slot::CapabilityPolicy).unwrap_err();
+    assert!(matches!(err, RuntimeError::World { .. }), "{err}");
+    let garbage = repo().join("testdata/guests/hostile/garbage.wasm");
+    let err = check_module(&garbage, Slot::SafetyFilter).unwrap_err();
+    assert!(matches!(err, RuntimeError::Compile { .. }), "{err}");
+
+    // At startup a broken module leaves its slot on the safe default, and says why.
+    let dir = policies_dir();
+    std::fs::copy(&garbage, dir.path().join("capability-policy.wasm")).unwrap();
+    std::fs::copy(guest("wrong_world"), dir.path().join("safety-filter.wasm")).unwrap();
+    let runtime = PolicyRuntime::load(config(dir.path())).unwrap();
+    let status = runtime.status();
+    assert!(
+        !status[0].serving
+            && status[0]
+                .last_error
+                .as_deref()
+                .unwrap()
+                .contains("not a valid component")
+    );
+    assert!(!status[1].serving && status[1].last_error.is_some());
+    assert!(status[2].serving);
+    let failure = runtime
+        .authorize(&owner(Operation::Read, "/pub/x"))
+        .unwrap_err();
+    assert!(
+        matches!(failure, GuestFailure::Unavailable { .. }),
+        "{failure}"
+    );
+    let verdict = runtime.check_text("hello");
+    assert!(verdict.blocked && verdict.is_failure());
+}
+
+#[test]
+fn broken_module_on_reload_keeps_the_old_one() {
+    let dir = policies_dir();
+    let module = dir.path().join("capability-policy.wasm");
+    std::fs::copy(guest("capability_policy"), &module).unwrap();
+    let runtime = PolicyRuntime::load(config(dir.path())).unwrap();
+    let before = runtime.status()[0].clone();
+    assert!(
+        before.serving
+            && before
+                .source
+                .as_deref()
+                .unwrap()
+                .ends_with("capability-policy.wasm")
+    );
+
+    for bad in [
+        std::fs::read(repo().join("testdata/guests/hostile/garbage.wasm")).unwrap(),
+        std::fs::read(guest("wrong_world")).unwrap(),
+    ] {
+        replace(&module, &bad);
+        let report = runtime.reload();
+        assert!(
+            matches!(
+                report.outcome(Slot::CapabilityPolicy),
+                Some(ReloadOutcome::Failed { .. })
+            ),
+            "{report:?}"
+        );
+        assert_eq!(
+            report.outcome(Slot::SafetyFilter),
+            Some(&ReloadOutcome::Unchanged)
+        );
+        let after = runtime.status()[0].clone();
+        assert!(after.serving);
+        assert_eq!(after.blake3, before.blake3);
+        assert!(after.last_error.is_some() && after.last_error_at.is_some());
+        assert!(
+            runtime
+                .authorize(&owner(Operation::Read, "/pub/x"))
+                .unwrap()
+                .allow
+        );
+    }
+    assert_eq!(runtime.stats()[0].reload_failures, 2);
+
+    // Putting the serving module back is a no-op that clears the error.
+    replace(&module, &std::fs::read(guest("capability_policy")).unwrap());
+    let report = runtime.reload();
+    assert_eq!(
+        report.outcome(Slot::CapabilityPolicy),
+        Some(&ReloadOutcome::Unchanged)
+    );
+    assert!(runtime.status()[0].last_error.is_none());
+    // A different, valid module swaps in.
+    replace(&module, &std::fs::read(guest("deny_all")).unwrap());
+    let report = runtime.reload();
+    assert!(
+        matches!(
+            report.outcome(Slot::CapabilityPolicy),
+            Some(ReloadOutcome::Loaded { .. })
+        ),
+        "{report:?}"
+    );
+    assert!(
+        !runtime
+            .authorize(&owner(Operation::Read, "/pub/x"))
+            .unwrap()
+            .allow
+    );
+}
+
+#[test]
+fn broken_policies_toml_keeps_every_slot() {
+    let dir = policies_dir();
+    let runtime = PolicyRuntime::load(config(dir.path())).unwrap();
+    std::fs::write(dir.path().join("policies.toml"), "[capability-policy\n").unwrap();
+    let report = runtime.reload();
+    assert_eq!(report.slots.len(), 3);
+    assert!(!report.is_ok());
+    assert!(
+        runtime
+            .status()
+            .iter()
+            .all(|s| s.serving && s.last_error.is_some())
+    );
+    assert!(
+        runtime
+            .authorize(&owner(Operation::Read, "/pub/x"))
+            .unwrap()
+            .allow
+    );
+}
+
+/// Swap a deny-all policy in while threads call `authorize`: no call fails, and every
+/// call that started after the swap returned is denied.
+#[test]
+fn hot_swap_under_concurrent_load() {
+    let dir = policies_dir();
+    let module = dir.path().join("capability-policy.wasm");
+    std::fs::copy(guest("capability_policy"), &module).unwrap();
+    let runtime = Arc::new(PolicyRuntime::load(config(dir.path())).unwrap());
+    let swapped = Arc::new(AtomicBool::new(false));
+    let stop = Arc::new(AtomicBool::new(false));
+    let allowed_after_swap = Arc::new(AtomicU64::new(0));
+    let calls = Arc::new(AtomicU64::new(0));
+    let request = session(&["write:/pub/app/"], Operation::Write, "/pub/app/post");
+
+    let workers: Vec<_> = (0..4)
+        .map(|_| {
+            let (runtime, swapped, stop) = (runtime.clone(), swapped.clone(), stop.clone());
+            let (allowed_after_swap, calls, request) =
+                (allowed_after_swap.clone(), calls.clone(), request.clone());
+            std::thread::spawn(move || {
+                let mut saw_allow = false;
+                while !stop.load(Ordering::Acquire) {
+                    let after_swap = swapped.load(Ordering::Acquire);
+                    let decision = runtime
+                        .authorize(&request)
+                        .expect("no call may fail during a swap");
+                    calls.fetch_add(1, Ordering::Relaxed);
+                    saw_allow |= decision.allow;
+                    if after_swap && decision.allow {
+                        allowed_after_swap.fetch_add(1, Ordering::Relaxed);
+                    }
+                }
+                saw_allow
+            })
+        })
+        .collect();
+
+    std::thread::sleep(Duration::from_millis(200));
+    replace(&module, &std::fs::read(guest("deny_all")).unwrap());
+    let report = runtime.reload();
+    assert!(
+        matches!(
+            report.outcome(Slot::CapabilityPolicy),
+            Some(ReloadOutcome::Loaded { .. })
+        ),
+        "{report:?}"
+    );
+    swapped.store(true, Ordering::Release);
+    std::thread::sleep(Duration::from_millis(200));
+    stop.store(true, Ordering::Release);
+    for worker in workers {
+        assert!(
+            worker.join().unwrap(),
+            "every worker saw the old policy allow"
+        );
+    }
+    assert_eq!(allowed_after_swap.load(Ordering::Relaxed), 0);
+    assert!(
+        calls.load(Ordering::Relaxed) > 100,
+        "{} calls",
+        calls.load(Ordering::Relaxed)
+    );
+    let stats = &runtime.stats()[0];
+    assert_eq!(stats.failures.total(), 0);
+}
+
+#[test]
+fn compiled_modules_come_from_the_cache_on_second_load() {
+    let dir = policies_dir();
+    let cache = tempfile::tempdir().unwrap();
+    let config = RuntimeConfig {
+        cache_dir: Some(cache.path().to_owned()),
+        ..config(dir.path())
+    };
+    let first = PolicyRuntime::load(config.clone()).unwrap();
+    assert!(first.status().iter().all(|s| s.from_cache == Some(false)));
+    drop(first);
+    let entries = std::fs::read_dir(cache.path()).unwrap().count();
+    assert_eq!(entries, 3);
+    let started = Instant::now();
+    let second = PolicyRuntime::load(config).unwrap();
+    let elapsed = started.elapsed();
+    assert!(
+        second.status().iter().all(|s| s.from_cache == Some(true)),
+        "{:?}",
+        second.status()
+    );
+    assert!(
+        second
+            .authorize(&owner(Operation::Read, "/pub/x"))
+            .unwrap()
+            .allow
+    );
+    eprintln!("load from cache: {elapsed:?}");
+}
+
+#[test]
+fn instances_are_reused_and_retired() {
+    let dir = policies_dir();
+    let runtime = PolicyRuntime::load(RuntimeConfig {
+        instance_max_calls: 5,
+        ..config(dir.path())
+    })
+    .unwrap();
+    for _ in 0..20 {
+        runtime
+            .authorize(&owner(Operation::Read, "/pub/x"))
+            .unwrap();
+    }
+    // The test call's instance served 4 more calls, then one fresh instance per 5 calls.
+    assert_eq!(runtime.stats()[0].instantiations, 4);
+
+    let runtime = PolicyRuntime::load(config(dir.path())).unwrap();
+    for _ in 0..100 {
+        runtime.classify("recap please");
+    }
+    assert_eq!(
+        runtime.stats()[2].instantiations,
+        0,
+        "one thread reuses the warm instance"
+    );
+}
+
+#[test]
+fn watcher_reloads_a_changed_wordlist() {
+    let dir = policies_dir();
+    let runtime = Arc::new(
+        PolicyRuntime::load(RuntimeConfig {
+            watch_debounce: Duration::from_millis(100),
+            ..config(dir.path())
+        })
+        .unwrap(),
+    );
+    let _watch = runtime.watch().unwrap();
+    assert!(!runtime.check_text("a purple elephant").blocked);
+    let spam = dir.path().join("wordlists/spam.txt");
+    let mut list = std::fs::read_to_string(&spam).unwrap();
+    list.push_str("purple elephant\n");
+    replace(&spam, list.as_bytes());
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while !runtime.check_text("a purple elephant").blocked {
+        assert!(
+            Instant::now() < deadline,
+            "the watcher did not reload within 10 s"
+        );
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    let status = &runtime.status()[1];
+    assert!(status.serving && status.last_error.is_none());
+}
+
+#[test]
+fn install_writes_an_editable_directory() {
+    let dir = tempfile::tempdir().unwrap();
+    let report = install_defaults(dir.path(), false).unwrap();
+    assert_eq!(report.written.len(), 9);
+    assert!(
+        install_defaults(dir.path(), false)
+            .unwrap()
+            .written
+            .is_empty()
+    );
+    let runtime = PolicyRuntime::load(config(dir.path())).unwrap();
+    for status in runtime.status() {
+        let source = status.source.unwrap();
+        assert!(
+            source.ends_with(&format!("{}.wasm", status.slot)),
+            "{source}"
+        );
+        assert_ne!(source, ModuleSource::Builtin.to_string());
+    }
+}
+
+#[test]
+fn eval_reads_and_writes_json_lines() {
+    let dir = policies_dir();
+    let input = "{\"operation\":\"write\",\"path\":\"/pub/app/x\",\"caller\":{\"session\":{\"capabilities\":[\"write:/pub/app/\"]}}}\n\
+                 # a comment\n\
+                 {\"operation\":\"read\",\"path\":\"/pub/x\",\"caller\":\"owner\"}\n\
+                 not json\n";
+    let mut out = Vec::new();
+    let summary = eval_lines(
+        Slot::CapabilityPolicy,
+        None,
+        dir.path(),
+        Cursor::new(input),
+        &mut out,
+    )
+    .unwrap();
+    assert_eq!(
+        (summary.lines, summary.bad_input, summary.guest_failures),
+        (3, 1, 0)
+    );
+    let lines: Vec<serde_json::Value> = String::from_utf8(out)
+        .unwrap()
+        .lines()
+        .map(|l| serde_json::from_str(l).unwrap())
+        .collect();
+    assert_eq!(lines[0]["allow"], true);
+    assert_eq!(lines[1]["allow"], true);
+    assert!(lines[2]["error"].is_string());
+
+    let mut out = Vec::new();
+    let deny_all = guest("deny_all");
+    eval_lines(
+        Slot::CapabilityPolicy,
+        Some(&deny_all),
+        dir.path(),
+        Cursor::new("{\"operation\":\"read\",\"path\":\"/pub/x\",\"caller\":\"owner\"}\n"),
+        &mut out,
+    )
+    .unwrap();
+    assert!(String::from_utf8(out).unwrap().contains("\"allow\":false"));
+
+    let mut out = Vec::new();
+    eval_lines(
+        Slot::IntentClassifier,
+        None,
+        dir.path(),
+        Cursor::new("{\"text\":\"Source?\"}\n"),
+        &mut out,
+    )
+    .unwrap();
+    let answer: serde_json::Value = serde_json::from_slice(&out).unwrap();
+    assert_eq!(answer["action"], "factcheck");
+    assert_eq!(answer["matched"][0], "source?");
+
+    let mut out = Vec::new();
+    eval_lines(
+        Slot::SafetyFilter,
+        None,
+        dir.path(),
+        Cursor::new("{\"text\":\"fr33 m0n3y\"}\n"),
+        &mut out,
+    )
+    .unwrap();
+    let answer: serde_json::Value = serde_json::from_slice(&out).unwrap();
+    assert_eq!(answer["blocked"], true);
+    assert_eq!(answer["matches"][0]["term"], "free money");
+
+    let err = eval_lines(
+        Slot::SafetyFilter,
+        Some(&guest("wrong_world")),
+        dir.path(),
+        Cursor::new(""),
+        Vec::new(),
+    );
+    assert!(matches!(err, Err(RuntimeError::World { .. })));
+}
+
+/// A guest's stderr (here: its panic message) reaches the host log.
+#[test]
+fn guest_panic_message_reaches_the_log() {
+    #[derive(Clone, Default)]
+    struct Captured(Arc<std::sync::Mutex<Vec<u8>>>);
+    impl std::io::Write for Captured {
+        fn write(&mut self, buf: &[u8]) -> std::io::Result<usize> {
+            self.0.lock().unwrap().extend_from_slice(buf);
+            Ok(buf.len())
+        }
+        fn flush(&mut self) -> std::io::Result<()> {
+            Ok(())
+        }
+    }
+
+    let dir = policies_dir();
+    std::fs::copy(guest("hostile"), dir.path().join("capability-policy.wasm")).unwrap();
+    let runtime = PolicyRuntime::load(config(dir.path())).unwrap();
+    let captured = Captured::default();
+    let writer = captured.clone();
+    let subscriber = tracing_subscriber::fmt()
+        .with_writer(move || writer.clone())
+        .with_ansi(false)
+        .finish();
+    tracing::subscriber::with_default(subscriber, || {
+        assert!(
+            runtime
+                .authorize(&owner(Operation::Read, "/pub/panic"))
+                .is_err()
+        );
+        assert!(
+            runtime
+                .authorize(&owner(Operation::Read, "/pub/print"))
+                .unwrap()
+                .allow
+        );
+    });
+    let log = String::from_utf8(captured.0.lock().unwrap().clone()).unwrap();
+    assert!(log.contains("hostile guest panics on purpose"), "{log}");
+    assert!(
+        log.contains("slot=\"capability-policy\"") || log.contains("slot=capability-policy"),
+        "{log}"
+    );
+    assert!(log.contains("hostile guest writes to stderr"), "{log}");
+}
