@@ -210,6 +210,11 @@ impl Homeserver {
         let child = Command::new(bin)
             .env("HOMESERVER__RATE_LIMIT__ENABLED", "false")
             .env("HOMESERVER__METRICS__LISTEN", "")
+            // Compiled guests shared across test servers (safe: written by rename).
+            .env(
+                "HOMESERVER__POLICIES__CACHE_DIR",
+                std::env::temp_dir().join("homeserver-test-guest-cache"),
+            )
             .current_dir(dir)
             .env("HOMESERVER__HTTP__LISTEN", format!("127.0.0.1:{port}"))
             .env(

@@ -7,6 +7,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use homeserver_protocol::Keypair;
+use homeserver_runtime::{PolicyRuntime, RuntimeConfig};
 use tokio::net::TcpListener;
 use tokio::task::JoinSet;
 use tokio_util::sync::CancellationToken;
@@ -17,10 +18,12 @@ use crate::persistence::sqlite::SqliteStore;
 use crate::persistence::{BlobStore, MetadataStore};
 use crate::rate_limit::RateLimits;
 use crate::server_key;
+use crate::service::access::AccessControl;
 use crate::service::admin::AdminService;
 use crate::service::entry_cache::EntryCache;
 use crate::service::events::EventHub;
 use crate::service::now_secs;
+use crate::service::sessions::{EXPIRED_RETENTION_SECS, SessionService};
 use crate::service::signup::SignupService;
 use crate::service::storage::{StorageLimits, StorageService};
 use crate::{admin_server, client_server, metrics_server, serve};
@@ -43,6 +46,10 @@ pub enum StartError {
     ServerKey(#[from] server_key::ServerKeyError),
     #[error("metrics: {0}")]
     Metrics(#[from] prometheus::Error),
+    #[error("guest runtime: {0}")]
+    Runtime(#[from] homeserver_runtime::RuntimeError),
+    #[error("guest runtime: {0}")]
+    RuntimeStart(String),
     #[error("cannot listen on {address} ({listener}): {source}")]
     Bind {
         listener: &'static str,
@@ -60,6 +67,8 @@ pub struct AppContext {
     pub signup: SignupService,
     pub events: Arc<EventHub>,
     pub admin: AdminService,
+    pub access: AccessControl,
+    pub policy: Arc<PolicyRuntime>,
     pub metrics: Arc<Metrics>,
     pub rate_limits: RateLimits,
     pub server_key: Keypair,
@@ -78,6 +87,7 @@ impl AppContext {
             quota_bytes: config.storage.quota_bytes,
             body_idle_timeout: Duration::from_secs(config.http.body_idle_timeout_secs),
         };
+        let policy = Arc::new(load_policies(&config).await?);
         let entry_cache = Arc::new(EntryCache::default());
         let events = EventHub::new(metadata.clone(), entry_cache.clone(), shutdown).await?;
         Ok(Self {
@@ -96,7 +106,9 @@ impl AppContext {
                 config.signup.mode,
                 entry_cache,
             ),
-            metrics: Arc::new(Metrics::new()?),
+            access: AccessControl::new(SessionService::new(metadata.clone()), policy.clone()),
+            metrics: Arc::new(Metrics::new(Some(policy.clone()))?),
+            policy,
             rate_limits: RateLimits::new(&config.rate_limit),
             events,
             signup: SignupService::new(metadata.clone(), config.signup.mode),
@@ -112,6 +124,8 @@ impl AppContext {
 /// A running homeserver.
 pub struct Homeserver {
     context: Arc<AppContext>,
+    /// Keeps the policies folder watched while the server runs.
+    _watcher: Option<homeserver_runtime::WatchHandle>,
     http_addr: SocketAddr,
     admin_addr: Option<SocketAddr>,
     metrics_addr: Option<SocketAddr>,
@@ -175,12 +189,22 @@ impl Homeserver {
         }
         tracing::info!(public_key = %context.server_key.public_key(), "server identity");
 
+        let watcher = match context.policy.watch() {
+            Ok(handle) => Some(handle),
+            Err(e) => {
+                tracing::warn!(error = %e, "not watching the policies folder; reload with SIGHUP or the admin API");
+                None
+            }
+        };
+        #[cfg(unix)]
+        tasks.spawn(reload_on_sighup(context.clone(), shutdown.clone()));
         tasks.spawn(context.events.clone().run_tailer());
         tasks.spawn(purge_replay_marks(context.clone(), shutdown.clone()));
         tasks.spawn(sweep_blobs(context.clone(), shutdown.clone()));
 
         Ok(Self {
             context,
+            _watcher: watcher,
             http_addr,
             admin_addr,
             metrics_addr,
@@ -246,6 +270,53 @@ async fn wait_for_signal() {
     }
 }
 
+/// Loads the guests (compiling takes ~100 ms a module without the cache: off the
+/// async threads).
+async fn load_policies(config: &Config) -> Result<PolicyRuntime, StartError> {
+    let cache_dir = config.policies.cache_dir.clone();
+    let runtime_config = RuntimeConfig {
+        policies_dir: config.policies.dir.clone(),
+        cache_dir: (!cache_dir.as_os_str().is_empty()).then_some(cache_dir),
+        ..RuntimeConfig::default()
+    };
+    let runtime = tokio::task::spawn_blocking(move || PolicyRuntime::load(runtime_config))
+        .await
+        .map_err(|e| StartError::RuntimeStart(e.to_string()))??;
+    for slot in runtime.status() {
+        match (&slot.source, &slot.last_error) {
+            (Some(source), None) => {
+                tracing::info!(slot = %slot.slot, %source, blake3 = slot.blake3.as_deref().unwrap_or(""), "guest loaded")
+            }
+            (_, Some(error)) => {
+                tracing::warn!(slot = %slot.slot, %error, safe_default = slot.safe_default, "guest not loaded")
+            }
+            (None, None) => tracing::warn!(slot = %slot.slot, "no guest for this slot"),
+        }
+    }
+    Ok(runtime)
+}
+
+#[cfg(unix)]
+async fn reload_on_sighup(context: Arc<AppContext>, stop: CancellationToken) {
+    use tokio::signal::unix::{SignalKind, signal};
+    let Ok(mut hangup) = signal(SignalKind::hangup()) else {
+        return;
+    };
+    loop {
+        tokio::select! {
+            _ = stop.cancelled() => return,
+            got = hangup.recv() => if got.is_none() { return },
+        }
+        let policy = context.policy.clone();
+        match tokio::task::spawn_blocking(move || policy.reload()).await {
+            Ok(report) => {
+                tracing::info!(ok = report.is_ok(), report = ?report.slots, "policies reloaded (SIGHUP)")
+            }
+            Err(e) => tracing::error!(error = %e, "policy reload panicked"),
+        }
+    }
+}
+
 async fn bind(
     listener: &'static str,
     address: SocketAddr,
@@ -269,6 +340,13 @@ async fn purge_replay_marks(context: Arc<AppContext>, stop: CancellationToken) {
         }
         if let Err(e) = context.metadata.purge_replay_marks(now_secs()).await {
             tracing::warn!(error = %e, "purging replay marks failed");
+        }
+        if let Err(e) = context
+            .metadata
+            .purge_sessions(now_secs() - EXPIRED_RETENTION_SECS)
+            .await
+        {
+            tracing::warn!(error = %e, "purging expired sessions failed");
         }
         context.rate_limits.retain_recent();
     }

@@ -2,20 +2,65 @@
 
 use std::path::PathBuf;
 
-use clap::Parser;
+use clap::{Parser, Subcommand};
 
 /// A per-user data store over HTTP. With no arguments it runs the embedded default:
-/// SQLite and blobs under ./data, policies from ./policies, signup open, HTTP on
-/// 127.0.0.1:6286. Every config key can be overridden by an environment variable
-/// HOMESERVER__<SECTION>__<KEY> (e.g. HOMESERVER__HTTP__LISTEN=0.0.0.0:6286).
+/// SQLite and blobs under ./data, policies from ./policies (built-in guests for slots
+/// without a module there), signup open, HTTP on 127.0.0.1:6286. Every config key can be
+/// overridden by an environment variable HOMESERVER__<SECTION>__<KEY> (e.g.
+/// HOMESERVER__HTTP__LISTEN=0.0.0.0:6286).
 #[derive(Debug, Parser)]
 #[command(name = "homeserver", version)]
 pub struct Cli {
     /// TOML config file; keys not in it keep their defaults.
-    #[arg(long, short, value_name = "FILE")]
+    #[arg(long, short, value_name = "FILE", global = true)]
     pub config: Option<PathBuf>,
 
     /// Print the effective configuration (defaults, file and env merged) and exit.
     #[arg(long)]
     pub print_config: bool,
+
+    #[command(subcommand)]
+    pub command: Option<Command>,
+}
+
+#[derive(Debug, Subcommand)]
+pub enum Command {
+    /// Work with Wasm guests (see docs/guests.md).
+    #[command(subcommand)]
+    Policy(PolicyCommand),
+}
+
+#[derive(Debug, Subcommand)]
+pub enum PolicyCommand {
+    /// Check a module against its slot's world and run the slot's golden cases.
+    /// Exit code 0 when it fits and every case passes.
+    Check {
+        /// The .wasm component.
+        file: PathBuf,
+        /// capability-policy, safety-filter or intent-classifier.
+        #[arg(long)]
+        slot: String,
+    },
+    /// Evaluate JSON lines from stdin with a slot's guest; answers as JSON lines on
+    /// stdout (e.g. {"text": "..."} for safety-filter and intent-classifier).
+    Eval {
+        #[arg(long)]
+        slot: String,
+        /// A module to use instead of what the policies folder configures.
+        #[arg(long, value_name = "FILE")]
+        module: Option<PathBuf>,
+        /// The policies folder (its data: wordlists, keyword tables).
+        #[arg(long, value_name = "DIR", default_value = "policies")]
+        policies: PathBuf,
+    },
+    /// Write the built-in guests and their data into a policies folder (existing files
+    /// are kept unless --force).
+    Install {
+        #[arg(default_value = "policies")]
+        dir: PathBuf,
+        /// Overwrite existing files.
+        #[arg(long)]
+        force: bool,
+    },
 }

@@ -123,6 +123,8 @@ pub struct SignupConfig {
 pub struct PoliciesConfig {
     /// Folder of guest modules and their data.
     pub dir: PathBuf,
+    /// Where compiled guests are cached; empty = no cache.
+    pub cache_dir: PathBuf,
 }
 
 #[derive(Debug, Clone, Serialize, Deserialize)]

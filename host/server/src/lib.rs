@@ -14,6 +14,7 @@ pub mod config;
 pub mod metrics;
 pub mod metrics_server;
 pub mod persistence;
+pub mod policy_cli;
 pub mod rate_limit;
 pub mod serve;
 pub mod server_key;

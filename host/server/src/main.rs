@@ -4,13 +4,22 @@ use std::process::ExitCode;
 
 use clap::Parser;
 use homeserver::Homeserver;
-use homeserver::cli::Cli;
+use homeserver::cli::{Cli, Command};
 use homeserver::config::{Config, LogFormat};
 use tracing_subscriber::EnvFilter;
 
 #[tokio::main]
 async fn main() -> ExitCode {
     let cli = Cli::parse();
+    if let Some(Command::Policy(command)) = cli.command {
+        tracing_subscriber::fmt()
+            .with_writer(std::io::stderr)
+            .with_env_filter(
+                EnvFilter::try_from_default_env().unwrap_or_else(|_| EnvFilter::new("warn")),
+            )
+            .init();
+        return homeserver::policy_cli::run(command);
+    }
     let config = match Config::load(cli.config.as_deref()) {
         Ok(c) => c,
         Err(e) => {

@@ -1,11 +1,15 @@
 //! Prometheus metrics: the spec's `hs_*` series, request latency, rate-limit rejections
 //! and event-stream subscribers, plus a one-minute request counter for admin stats.
 //! Values that live elsewhere (storage bytes, sessions, subscribers) are read at scrape
-//! time by the metrics server.
+//! time by the metrics server; guest call counters and latencies come from the Wasm
+//! runtime's own lock-free stats through [`GuestCollector`] when scraped.
 
-use std::sync::Mutex;
+use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
+use homeserver_runtime::PolicyRuntime;
+use prometheus::core::{Collector, Desc};
+use prometheus::proto::{Bucket, Counter, Histogram, LabelPair, Metric, MetricFamily, MetricType};
 use prometheus::{
     Encoder, HistogramOpts, HistogramVec, IntCounterVec, IntGauge, Opts, Registry, TextEncoder,
 };
@@ -60,8 +64,12 @@ fn method_label(method: &str) -> &'static str {
 }
 
 impl Metrics {
-    pub fn new() -> Result<Self, prometheus::Error> {
+    /// The server's metrics; with `guests`, also the Wasm slots' call counters.
+    pub fn new(guests: Option<Arc<PolicyRuntime>>) -> Result<Self, prometheus::Error> {
         let registry = Registry::new();
+        if let Some(runtime) = guests {
+            registry.register(Box::new(GuestCollector::new(runtime)?))?;
+        }
         let requests = IntCounterVec::new(
             Opts::new(
                 "hs_requests_total",
@@ -160,13 +168,167 @@ impl Metrics {
     }
 }
 
+/// Exports the runtime's per-slot stats at scrape time.
+pub struct GuestCollector {
+    runtime: Arc<PolicyRuntime>,
+    descs: Vec<Desc>,
+}
+
+const GUEST_CALLS: &str = "hs_guest_calls_total";
+const GUEST_FAILURES: &str = "hs_guest_call_failures_total";
+const GUEST_DURATION: &str = "hs_guest_call_duration_seconds";
+const GUEST_RELOADS: &str = "hs_guest_reloads_total";
+
+impl GuestCollector {
+    pub fn new(runtime: Arc<PolicyRuntime>) -> Result<Self, prometheus::Error> {
+        let descs = vec![
+            Desc::new(
+                GUEST_CALLS.into(),
+                "Calls into a Wasm guest, by slot.".into(),
+                vec!["slot".into()],
+                Default::default(),
+            )?,
+            Desc::new(
+                GUEST_FAILURES.into(),
+                "Guest calls that failed and gave the slot's safe default, by slot and reason."
+                    .into(),
+                vec!["slot".into(), "reason".into()],
+                Default::default(),
+            )?,
+            Desc::new(
+                GUEST_DURATION.into(),
+                "Guest call latency, by slot.".into(),
+                vec!["slot".into()],
+                Default::default(),
+            )?,
+            Desc::new(
+                GUEST_RELOADS.into(),
+                "Loads of a new guest module or data, by slot and result.".into(),
+                vec!["slot".into(), "result".into()],
+                Default::default(),
+            )?,
+        ];
+        Ok(Self { runtime, descs })
+    }
+}
+
+fn labels(pairs: &[(&str, &str)]) -> Vec<LabelPair> {
+    pairs
+        .iter()
+        .map(|(k, v)| {
+            let mut l = LabelPair::default();
+            l.set_name((*k).into());
+            l.set_value((*v).into());
+            l
+        })
+        .collect()
+}
+
+fn counter_metric(pairs: &[(&str, &str)], value: u64) -> Metric {
+    let mut c = Counter::default();
+    c.set_value(value as f64);
+    let mut m = Metric::default();
+    m.set_label(labels(pairs));
+    m.set_counter(c);
+    m
+}
+
+fn family(name: &str, help: &str, kind: MetricType, metrics: Vec<Metric>) -> MetricFamily {
+    let mut f = MetricFamily::default();
+    f.set_name(name.into());
+    f.set_help(help.into());
+    f.set_field_type(kind);
+    f.set_metric(metrics);
+    f
+}
+
+impl Collector for GuestCollector {
+    fn desc(&self) -> Vec<&Desc> {
+        self.descs.iter().collect()
+    }
+
+    fn collect(&self) -> Vec<MetricFamily> {
+        let stats = self.runtime.stats();
+        let mut calls = Vec::new();
+        let mut failures = Vec::new();
+        let mut durations = Vec::new();
+        let mut reloads = Vec::new();
+        for s in &stats {
+            let slot = s.slot.name();
+            calls.push(counter_metric(&[("slot", slot)], s.calls));
+            for (reason, n) in [
+                ("unavailable", s.failures.unavailable),
+                ("instantiate", s.failures.instantiate),
+                ("timeout", s.failures.timeout),
+                ("memory", s.failures.memory),
+                ("trap", s.failures.trap),
+            ] {
+                failures.push(counter_metric(&[("slot", slot), ("reason", reason)], n));
+            }
+            reloads.push(counter_metric(
+                &[("slot", slot), ("result", "ok")],
+                s.reloads.saturating_sub(s.reload_failures),
+            ));
+            reloads.push(counter_metric(
+                &[("slot", slot), ("result", "failed")],
+                s.reload_failures,
+            ));
+            let mut h = Histogram::default();
+            h.set_sample_count(s.latency.count);
+            h.set_sample_sum(s.latency.sum_seconds);
+            h.set_bucket(
+                s.latency
+                    .cumulative()
+                    .into_iter()
+                    .map(|(bound, count)| {
+                        let mut b = Bucket::default();
+                        b.set_upper_bound(bound);
+                        b.set_cumulative_count(count);
+                        b
+                    })
+                    .collect(),
+            );
+            let mut m = Metric::default();
+            m.set_label(labels(&[("slot", slot)]));
+            m.set_histogram(h);
+            durations.push(m);
+        }
+        vec![
+            family(
+                GUEST_CALLS,
+                "Calls into a Wasm guest, by slot.",
+                MetricType::COUNTER,
+                calls,
+            ),
+            family(
+                GUEST_FAILURES,
+                "Guest calls that failed and gave the slot's safe default, by slot and reason.",
+                MetricType::COUNTER,
+                failures,
+            ),
+            family(
+                GUEST_DURATION,
+                "Guest call latency, by slot.",
+                MetricType::HISTOGRAM,
+                durations,
+            ),
+            family(
+                GUEST_RELOADS,
+                "Loads of a new guest module or data, by slot and result.",
+                MetricType::COUNTER,
+                reloads,
+            ),
+        ]
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
 
     #[test]
     fn renders_documented_series() {
-        let m = Metrics::new().unwrap();
+        let m = Metrics::new(None).unwrap();
         m.observe_request("GET", 200, Duration::from_millis(3));
         m.observe_request("BREW", 405, Duration::from_millis(1));
         m.observe_rate_limited("anonymous");

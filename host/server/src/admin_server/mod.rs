@@ -31,6 +31,8 @@ pub fn router(app: AdminState) -> Router {
         .route("/admin/users/{public_key}/enable", post(enable))
         .route("/admin/users/{public_key}/quota", put(set_quota))
         .route("/admin/signup_tokens", post(create_signup_token))
+        .route("/admin/policies", get(policies))
+        .route("/admin/policies/reload", post(reload_policies))
         .fallback(|| async { ApiError::new(ErrorCode::NotFound, "no such admin endpoint") })
         .method_not_allowed_fallback(|| async {
             ApiError::new(
@@ -148,4 +150,24 @@ async fn delete_account(
 async fn create_signup_token(State(app): State<AdminState>) -> Result<Response, ApiError> {
     let token = app.admin.create_signup_token().await?;
     Ok(Json(serde_json::json!({ "token": token })).into_response())
+}
+
+/// `GET /admin/policies`: each slot's module, BLAKE3, load time and last error.
+async fn policies(State(app): State<AdminState>) -> Response {
+    Json(serde_json::json!({ "slots": app.policy.status() })).into_response()
+}
+
+/// `POST /admin/policies/reload`: reload now; what failed keeps serving the old module.
+async fn reload_policies(State(app): State<AdminState>) -> Result<Response, ApiError> {
+    let policy = app.policy.clone();
+    let report = tokio::task::spawn_blocking(move || policy.reload())
+        .await
+        .map_err(|e| ApiError::new(ErrorCode::ServerError, format!("reload failed: {e}")))?;
+    tracing::info!(ok = report.is_ok(), "policies reloaded (admin API)");
+    Ok(Json(serde_json::json!({
+        "ok": report.is_ok(),
+        "slots": report.slots,
+        "status": app.policy.status(),
+    }))
+    .into_response())
 }

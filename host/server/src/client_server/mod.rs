@@ -5,6 +5,7 @@ pub mod error;
 pub mod events;
 pub mod extract;
 pub mod middleware;
+pub mod session;
 pub mod signup;
 pub mod storage;
 
@@ -23,6 +24,12 @@ pub type AppState = Arc<AppContext>;
 pub fn router(app: AppState) -> Router {
     Router::new()
         .route("/signup", post(signup::handle))
+        .route(
+            "/auth/session",
+            post(session::create)
+                .get(session::show)
+                .delete(session::revoke),
+        )
         .route("/events/", get(events::feed))
         .route("/events-stream", get(events::stream))
         .route("/signup_tokens/{token}", get(signup::token_status))

@@ -17,7 +17,6 @@ use super::AppState;
 use super::error::ApiError;
 use super::extract::{request_info, url_query_pairs};
 use crate::persistence::metadata::EntryRecord;
-use crate::service::auth;
 use crate::service::storage::{BodyError, ListOptions};
 
 /// Every request no other route took: storage paths, or a JSON 404.
@@ -62,12 +61,15 @@ fn entry_path_only(path: &StoragePath) -> Result<(), ApiError> {
 
 async fn read(app: AppState, parts: Parts, path: StoragePath) -> Result<Response, ApiError> {
     let info = request_info(&parts)?;
-    let access = auth::authorize_read(
-        &info.credentials,
-        info.host.as_ref(),
-        &info.signed_target(),
-        path.is_private(),
-    )?;
+    let access = app
+        .access
+        .read(
+            &info.credentials,
+            info.host.as_ref(),
+            &info.signed_target(),
+            &path,
+        )
+        .await?;
     let space = access.space();
     if path.is_listing() {
         let options = list_options(&parts.uri)?;
@@ -163,7 +165,15 @@ async fn put(
 ) -> Result<Response, ApiError> {
     entry_path_only(&path)?;
     let info = request_info(&parts)?;
-    let header = auth::authorize_write(&info.credentials, info.host.as_ref(), path.is_private())?;
+    let grant = app
+        .access
+        .write(
+            &info.credentials,
+            info.host.as_ref(),
+            info.signed_target(),
+            &path,
+        )
+        .await?;
     let declared_len = match parts.headers.get(header::CONTENT_LENGTH) {
         None => None,
         Some(v) => Some(
@@ -176,20 +186,22 @@ async fn put(
     let stream = body
         .into_data_stream()
         .map_err(|e| BodyError(e.to_string()));
-    let result = app
-        .storage
-        .put(header, &info.signed_target(), &path, declared_len, stream)
-        .await?;
+    let result = app.storage.put(grant, &path, declared_len, stream).await?;
     Ok(Json(result).into_response())
 }
 
 async fn delete(app: AppState, parts: Parts, path: StoragePath) -> Result<Response, ApiError> {
     entry_path_only(&path)?;
     let info = request_info(&parts)?;
-    let header = auth::authorize_write(&info.credentials, info.host.as_ref(), path.is_private())?;
-    let result = app
-        .storage
-        .delete(header, &info.signed_target(), &path)
+    let grant = app
+        .access
+        .write(
+            &info.credentials,
+            info.host.as_ref(),
+            info.signed_target(),
+            &path,
+        )
         .await?;
+    let result = app.storage.delete(grant, &path).await?;
     Ok(Json(result).into_response())
 }

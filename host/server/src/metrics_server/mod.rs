@@ -32,6 +32,17 @@ async fn metrics(State(app): State<Arc<AppContext>>) -> Response {
         }
         Err(e) => tracing::warn!(error = %e, "metrics: could not read storage stats"),
     }
+    match app
+        .metadata
+        .active_sessions(crate::service::now_secs())
+        .await
+    {
+        Ok(n) => app
+            .metrics
+            .active_sessions
+            .set(i64::try_from(n).unwrap_or(i64::MAX)),
+        Err(e) => tracing::warn!(error = %e, "metrics: could not count sessions"),
+    }
     app.metrics
         .stream_subscribers
         .set(i64::try_from(app.events.subscribers()).unwrap_or(i64::MAX));

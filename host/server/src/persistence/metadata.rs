@@ -136,6 +136,23 @@ pub struct ReverseEventQuery<'a> {
     pub limit: u32,
 }
 
+/// A session row.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct SessionRecord {
+    pub token_hash: [u8; 32],
+    pub user: String,
+    pub capabilities: Vec<String>,
+    pub created_at: i64,
+    pub expires_at: i64,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum CreateSessionOutcome {
+    Created,
+    Replayed,
+    UnknownUser,
+}
+
 /// A signup token row.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct SignupTokenRecord {
@@ -180,24 +197,44 @@ pub trait MetadataStore: Send + Sync + 'static {
     /// Entries within a range, at most `limit`.
     async fn entries(&self, range: EntryRange<'_>) -> Result<Vec<EntryRecord>, StoreError>;
 
-    /// Commits a PUT: replay mark, quota-checked usage update, entry upsert and PUT event.
+    /// Commits a PUT: replay mark (signed requests), quota-checked usage update, entry
+    /// upsert and PUT event.
     async fn commit_put(
         &self,
         entry: NewEntry<'_>,
-        replay: ReplayMark,
+        replay: Option<ReplayMark>,
     ) -> Result<PutOutcome, StoreError>;
 
-    /// Commits a DELETE: replay mark, entry removal, usage update and DEL event.
+    /// Commits a DELETE: replay mark (signed requests), entry removal, usage update and
+    /// DEL event.
     async fn commit_delete(
         &self,
         user: &str,
         path: &str,
         now: i64,
-        replay: ReplayMark,
+        replay: Option<ReplayMark>,
     ) -> Result<DeleteOutcome, StoreError>;
 
     /// Whether any entry points at this blob.
     async fn blob_referenced(&self, blob_key: &str) -> Result<bool, StoreError>;
+
+    /// Stores a session minted by a signed request (its replay mark commits with it).
+    async fn create_session(
+        &self,
+        session: &SessionRecord,
+        replay: ReplayMark,
+    ) -> Result<CreateSessionOutcome, StoreError>;
+
+    async fn session(&self, token_hash: &[u8; 32]) -> Result<Option<SessionRecord>, StoreError>;
+
+    /// Revokes a session; false when there was none.
+    async fn delete_session(&self, token_hash: &[u8; 32]) -> Result<bool, StoreError>;
+
+    /// Sessions not yet expired at `now`.
+    async fn active_sessions(&self, now: i64) -> Result<u64, StoreError>;
+
+    /// Forgets sessions that expired before `before`.
+    async fn purge_sessions(&self, before: i64) -> Result<u64, StoreError>;
 
     /// Forgets replay marks that expired before `now`.
     async fn purge_replay_marks(&self, now: i64) -> Result<u64, StoreError>;

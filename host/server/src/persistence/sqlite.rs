@@ -18,9 +18,9 @@ use sqlx::{Row, Sqlite, Transaction};
 use homeserver_protocol::event::EventKind;
 
 use super::metadata::{
-    DeleteOutcome, EntryRange, EntryRecord, EventQuery, EventRecord, MetadataStore, NewEntry,
-    PutOutcome, ReplayMark, ReverseEventQuery, SignupOutcome, SignupTokenRecord, StoreError,
-    StoreStats, UserCursor, UserRecord, WriteContext,
+    CreateSessionOutcome, DeleteOutcome, EntryRange, EntryRecord, EventQuery, EventRecord,
+    MetadataStore, NewEntry, PutOutcome, ReplayMark, ReverseEventQuery, SessionRecord,
+    SignupOutcome, SignupTokenRecord, StoreError, StoreStats, UserCursor, UserRecord, WriteContext,
 };
 
 static MIGRATOR: sqlx::migrate::Migrator = sqlx::migrate!("./migrations/sqlite");
@@ -354,10 +354,12 @@ impl MetadataStore for SqliteStore {
     async fn commit_put(
         &self,
         entry: NewEntry<'_>,
-        replay: ReplayMark,
+        replay: Option<ReplayMark>,
     ) -> Result<PutOutcome, StoreError> {
         let mut tx = self.writer.begin().await.map_err(map_err)?;
-        if !mark_signature(&mut tx, replay).await.map_err(map_err)? {
+        if let Some(replay) = replay
+            && !mark_signature(&mut tx, replay).await.map_err(map_err)?
+        {
             return Ok(PutOutcome::Replayed);
         }
         let user = sqlx::query(&format!(
@@ -446,10 +448,12 @@ impl MetadataStore for SqliteStore {
         user: &str,
         path: &str,
         now: i64,
-        replay: ReplayMark,
+        replay: Option<ReplayMark>,
     ) -> Result<DeleteOutcome, StoreError> {
         let mut tx = self.writer.begin().await.map_err(map_err)?;
-        if !mark_signature(&mut tx, replay).await.map_err(map_err)? {
+        if let Some(replay) = replay
+            && !mark_signature(&mut tx, replay).await.map_err(map_err)?
+        {
             return Ok(DeleteOutcome::Replayed);
         }
         let old =
@@ -481,6 +485,88 @@ impl MetadataStore for SqliteStore {
             .map_err(map_err)?;
         tx.commit().await.map_err(map_err)?;
         Ok(DeleteOutcome::Deleted { blob_key })
+    }
+
+    async fn create_session(
+        &self,
+        session: &SessionRecord,
+        replay: ReplayMark,
+    ) -> Result<CreateSessionOutcome, StoreError> {
+        let mut tx = self.writer.begin().await.map_err(map_err)?;
+        if !mark_signature(&mut tx, replay).await.map_err(map_err)? {
+            return Ok(CreateSessionOutcome::Replayed);
+        }
+        let user: Option<i64> = sqlx::query_scalar("SELECT 1 FROM users WHERE public_key = ?")
+            .bind(&session.user)
+            .fetch_optional(&mut *tx)
+            .await
+            .map_err(map_err)?;
+        if user.is_none() {
+            return Ok(CreateSessionOutcome::UnknownUser);
+        }
+        let capabilities = serde_json::to_string(&session.capabilities)
+            .map_err(|e| StoreError::Internal(e.to_string()))?;
+        sqlx::query(
+            "INSERT INTO sessions (token_hash, user, capabilities, created_at, expires_at) \
+             VALUES (?, ?, ?, ?, ?)",
+        )
+        .bind(&session.token_hash[..])
+        .bind(&session.user)
+        .bind(capabilities)
+        .bind(session.created_at)
+        .bind(session.expires_at)
+        .execute(&mut *tx)
+        .await
+        .map_err(map_err)?;
+        tx.commit().await.map_err(map_err)?;
+        Ok(CreateSessionOutcome::Created)
+    }
+
+    async fn session(&self, token_hash: &[u8; 32]) -> Result<Option<SessionRecord>, StoreError> {
+        let row = sqlx::query(
+            "SELECT user, capabilities, created_at, expires_at FROM sessions WHERE token_hash = ?",
+        )
+        .bind(&token_hash[..])
+        .fetch_optional(&self.reader)
+        .await
+        .map_err(map_err)?;
+        let Some(row) = row else { return Ok(None) };
+        let capabilities: String = row.try_get("capabilities").map_err(map_err)?;
+        Ok(Some(SessionRecord {
+            token_hash: *token_hash,
+            user: row.try_get("user").map_err(map_err)?,
+            capabilities: serde_json::from_str(&capabilities)
+                .map_err(|e| StoreError::Internal(format!("session capabilities: {e}")))?,
+            created_at: row.try_get("created_at").map_err(map_err)?,
+            expires_at: row.try_get("expires_at").map_err(map_err)?,
+        }))
+    }
+
+    async fn delete_session(&self, token_hash: &[u8; 32]) -> Result<bool, StoreError> {
+        let done = sqlx::query("DELETE FROM sessions WHERE token_hash = ?")
+            .bind(&token_hash[..])
+            .execute(&self.writer)
+            .await
+            .map_err(map_err)?;
+        Ok(done.rows_affected() == 1)
+    }
+
+    async fn active_sessions(&self, now: i64) -> Result<u64, StoreError> {
+        let n: i64 = sqlx::query_scalar("SELECT COUNT(*) FROM sessions WHERE expires_at > ?")
+            .bind(now)
+            .fetch_one(&self.reader)
+            .await
+            .map_err(map_err)?;
+        Ok(to_u64(n))
+    }
+
+    async fn purge_sessions(&self, before: i64) -> Result<u64, StoreError> {
+        let done = sqlx::query("DELETE FROM sessions WHERE expires_at < ?")
+            .bind(before)
+            .execute(&self.writer)
+            .await
+            .map_err(map_err)?;
+        Ok(done.rows_affected())
     }
 
     async fn blob_referenced(&self, blob_key: &str) -> Result<bool, StoreError> {
@@ -610,6 +696,11 @@ impl MetadataStore for SqliteStore {
                 .fetch_all(&mut *tx)
                 .await
                 .map_err(map_err)?;
+        sqlx::query("DELETE FROM sessions WHERE user = ?")
+            .bind(user)
+            .execute(&mut *tx)
+            .await
+            .map_err(map_err)?;
         sqlx::query("DELETE FROM users WHERE public_key = ?")
             .bind(user)
             .execute(&mut *tx)

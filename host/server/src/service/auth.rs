@@ -1,8 +1,7 @@
-//! Who a request acts for. Authenticated requests act on the caller's own space; a read
-//! that names another user (Pubky-Host) is a public read that needs no credentials and
-//! uses none. Signed requests are checked here; each accepted state-changing signature
-//! becomes a [`ReplayMark`] that the write's own transaction records, so a replay is
-//! refused atomically with the change it would repeat.
+//! Credentials and signed requests. Signed requests are checked here; each accepted
+//! state-changing signature becomes a [`ReplayMark`] that the write's own transaction
+//! records, so a replay is refused atomically with the change it would repeat. Which
+//! space a request touches and whether it may is `access`'s job.
 
 use homeserver_protocol::{AuthHeader, BodyHash, MAX_CLOCK_SKEW_SECS, PublicKey, VerifyError};
 
@@ -29,7 +28,7 @@ pub struct SignedTarget<'a> {
 /// Whose space a read touches, and why it may.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum ReadAccess {
-    /// The owner reads their own space (any path).
+    /// The owner (signed, or through a session) reads their own space.
     Owner(PublicKey),
     /// Anyone reads another user's public data.
     Public(PublicKey),
@@ -86,71 +85,15 @@ pub fn replayed() -> ServiceError {
     )
 }
 
-fn missing_credentials() -> ServiceError {
+pub fn missing_credentials() -> ServiceError {
     ServiceError::InvalidSignature(
-        "missing credentials: sign the request (Authorization: Pk ...) or, to read public \
-         data, name the user with the Pubky-Host header or pubky-host query parameter"
+        "missing credentials: sign the request (Authorization: Pk ...), use a session \
+         (Authorization: Bearer ...) or, to read public data, name the user with the \
+         Pubky-Host header or pubky-host query parameter"
             .into(),
     )
 }
 
-fn sessions_unsupported() -> ServiceError {
-    ServiceError::InvalidSignature("unknown session token".into())
-}
-
-/// Resolves a read (GET, HEAD, listing) of `path`.
-pub fn authorize_read(
-    credentials: &Credentials,
-    host: Option<&PublicKey>,
-    target: &SignedTarget<'_>,
-    is_private_path: bool,
-) -> Result<ReadAccess, ServiceError> {
-    let access = match (credentials, host) {
-        (Credentials::Signed(h), Some(host)) if &h.public_key != host => ReadAccess::Public(*host),
-        (Credentials::Signed(h), _) => {
-            verify(h, target, &BodyHash::empty())?;
-            ReadAccess::Owner(h.public_key)
-        }
-        (Credentials::Session(_), _) => return Err(sessions_unsupported()),
-        (Credentials::None, Some(host)) => ReadAccess::Public(*host),
-        (Credentials::None, None) => return Err(missing_credentials()),
-    };
-    if is_private_path {
-        return Err(private_reserved());
-    }
-    Ok(access)
-}
-
-/// Resolves a write (PUT, DELETE): only the signer's own space. Checks everything but
-/// the signature itself, which for a PUT needs the body's hash.
-pub fn authorize_write<'a>(
-    credentials: &'a Credentials,
-    host: Option<&PublicKey>,
-    is_private_path: bool,
-) -> Result<&'a AuthHeader, ServiceError> {
-    let header = match credentials {
-        Credentials::Signed(h) => h,
-        Credentials::Session(_) => return Err(sessions_unsupported()),
-        Credentials::None => {
-            return Err(ServiceError::InvalidSignature(
-                "missing credentials: writes must be signed (Authorization: Pk ...)".into(),
-            ));
-        }
-    };
-    check_fresh(header)?;
-    if let Some(host) = host
-        && host != &header.public_key
-    {
-        return Err(ServiceError::Forbidden(
-            "cannot write to another user's space".into(),
-        ));
-    }
-    if is_private_path {
-        return Err(private_reserved());
-    }
-    Ok(header)
-}
-
-fn private_reserved() -> ServiceError {
+pub fn private_reserved() -> ServiceError {
     ServiceError::Forbidden("/private/ is reserved for future use".into())
 }

@@ -406,10 +406,7 @@ mod tests {
                     now: 1,
                     default_quota: 0,
                 },
-                ReplayMark {
-                    signature_id: *blake3::hash(format!("{path}{n}").as_bytes()).as_bytes(),
-                    expires_at: 0,
-                },
+                None,
             )
             .await
             .unwrap();

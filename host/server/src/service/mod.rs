@@ -1,16 +1,20 @@
 //! Services: the homeserver's rules, free of HTTP types. Routes call these; these call
 //! persistence.
 //!
-//! - [`auth`]: who a request acts for (signed requests, public reads) and replay marks.
+//! - [`auth`]: signed requests and replay marks.
+//! - [`access`]: who a request acts for and whether the capability policy lets it.
+//! - [`sessions`]: capability-limited bearer sessions.
 //! - [`storage`]: PUT, GET, DELETE and listing of entries.
 //! - [`signup`]: registering users.
 //! - [`error`]: [`ServiceError`], mapped to HTTP once in `client_server::error`.
 
+pub mod access;
 pub mod admin;
 pub mod auth;
 pub mod entry_cache;
 pub mod error;
 pub mod events;
+pub mod sessions;
 pub mod signup;
 pub mod storage;
 

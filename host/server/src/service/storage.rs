@@ -13,10 +13,11 @@ use base64::engine::general_purpose::URL_SAFE_NO_PAD;
 use bytes::Bytes;
 use futures_util::{Stream, StreamExt};
 use homeserver_protocol::wire::{DeleteResult, ListEntry, ListResult, PutResult};
-use homeserver_protocol::{AuthHeader, BodyHash, PublicKey, StoragePath};
+use homeserver_protocol::{BodyHash, PublicKey, StoragePath};
 use sha2::{Digest, Sha256};
 
-use super::auth::{self, SignedTarget};
+use super::access::{WriteGrant, Writer};
+use super::auth;
 use super::entry_cache::EntryCache;
 use super::events::EventHub;
 use super::{ServiceError, now_secs};
@@ -94,8 +95,7 @@ impl StorageService {
     /// Stores a value. `declared_len` is the Content-Length, when the client sent one.
     pub async fn put<S>(
         &self,
-        header: &AuthHeader,
-        target: &SignedTarget<'_>,
+        grant: WriteGrant<'_>,
         path: &StoragePath,
         declared_len: Option<u64>,
         body: S,
@@ -109,47 +109,61 @@ impl StorageService {
             // but the answer reveals nothing about the account.
             return Err(ServiceError::PayloadTooLarge { limit: max });
         }
-        let user = header.public_key.to_z32();
-        let context = self.metadata.write_context(&user, path.as_str()).await?;
-        let refusal = match &context.user {
-            None => Some(ServiceError::Forbidden(
-                "this key has not signed up on this homeserver".into(),
-            )),
-            Some(u) if u.disabled => Some(ServiceError::Forbidden("account disabled".into())),
-            Some(u) => declared_len.and_then(|len| {
-                let quota = u.quota_bytes.unwrap_or(self.limits.quota_bytes);
-                let old = context.existing_size.unwrap_or(0);
-                let new_used = u.used_bytes.saturating_sub(old) + len;
-                (quota != 0 && len > old && new_used > quota).then(|| ServiceError::QuotaExceeded {
-                    used: u.used_bytes,
-                    quota,
-                    needed: len - old,
-                })
-            }),
+        let WriteGrant { writer, refusal } = grant;
+        let user = writer.user();
+        let refusal = match refusal {
+            Some(r) => Some(r),
+            None => {
+                let context = self.metadata.write_context(&user, path.as_str()).await?;
+                match &context.user {
+                    None => Some(not_signed_up()),
+                    Some(u) if u.disabled => Some(disabled()),
+                    Some(u) => declared_len.and_then(|len| {
+                        let quota = u.quota_bytes.unwrap_or(self.limits.quota_bytes);
+                        let old = context.existing_size.unwrap_or(0);
+                        let new_used = u.used_bytes.saturating_sub(old) + len;
+                        (quota != 0 && len > old && new_used > quota).then(|| {
+                            ServiceError::QuotaExceeded {
+                                used: u.used_bytes,
+                                quota,
+                                needed: len - old,
+                            }
+                        })
+                    }),
+                }
+            }
         };
         if let Some(refusal) = refusal {
-            // Hash the body without storing it, so a forged request still gets 401
-            // (credentials come before permission and quota).
-            let streamed = stream_into(body, max, self.limits.body_idle_timeout, None).await?;
-            auth::verify(header, target, &streamed.sha256)?;
+            if let Writer::Signed { header, target } = &writer {
+                // Hash the body without storing it, so a forged request still gets 401
+                // (credentials come before permission and quota).
+                let streamed = stream_into(body, max, self.limits.body_idle_timeout, None).await?;
+                auth::verify(header, target, &streamed.sha256)?;
+            }
             return Err(refusal);
         }
 
         let blob_key = BlobStore::new_key(&user);
-        let mut writer = self.blobs.writer(&blob_key);
+        let mut blob = self.blobs.writer(&blob_key);
         let streamed =
-            match stream_into(body, max, self.limits.body_idle_timeout, Some(&mut writer)).await {
+            match stream_into(body, max, self.limits.body_idle_timeout, Some(&mut blob)).await {
                 Ok(s) => s,
                 Err(e) => {
-                    writer.abort().await;
+                    blob.abort().await;
                     return Err(e);
                 }
             };
-        if let Err(e) = auth::verify(header, target, &streamed.sha256) {
-            writer.abort().await;
-            return Err(e);
-        }
-        writer.finish().await?;
+        let replay = match &writer {
+            Writer::Signed { header, target } => {
+                if let Err(e) = auth::verify(header, target, &streamed.sha256) {
+                    blob.abort().await;
+                    return Err(e);
+                }
+                Some(auth::replay_mark(header))
+            }
+            Writer::Session(_) => None,
+        };
+        blob.finish().await?;
 
         let now = now_secs();
         let outcome = self
@@ -164,7 +178,7 @@ impl StorageService {
                     now,
                     default_quota: self.limits.quota_bytes,
                 },
-                auth::replay_mark(header),
+                replay,
             )
             .await;
         let error = match outcome {
@@ -189,9 +203,7 @@ impl StorageService {
                 needed: streamed.size,
             },
             Ok(PutOutcome::Replayed) => auth::replayed(),
-            Ok(PutOutcome::UnknownUser) => {
-                ServiceError::Forbidden("this key has not signed up on this homeserver".into())
-            }
+            Ok(PutOutcome::UnknownUser) => not_signed_up(),
             Err(e) => e.into(),
         };
         // Nothing points at the new blob: drop it (a crash here leaves it to the sweep).
@@ -268,27 +280,30 @@ impl StorageService {
 
     pub async fn delete(
         &self,
-        header: &AuthHeader,
-        target: &SignedTarget<'_>,
+        grant: WriteGrant<'_>,
         path: &StoragePath,
     ) -> Result<DeleteResult, ServiceError> {
-        auth::verify(header, target, &BodyHash::empty())?;
-        let user = header.public_key.to_z32();
+        let WriteGrant { writer, refusal } = grant;
+        let replay = match &writer {
+            Writer::Signed { header, target } => {
+                auth::verify(header, target, &BodyHash::empty())?;
+                Some(auth::replay_mark(header))
+            }
+            Writer::Session(_) => None,
+        };
+        if let Some(refusal) = refusal {
+            return Err(refusal);
+        }
+        let user = writer.user();
         match self.metadata.user(&user).await? {
-            None => {
-                return Err(ServiceError::Forbidden(
-                    "this key has not signed up on this homeserver".into(),
-                ));
-            }
-            Some(u) if u.disabled => {
-                return Err(ServiceError::Forbidden("account disabled".into()));
-            }
+            None => return Err(not_signed_up()),
+            Some(u) if u.disabled => return Err(disabled()),
             Some(_) => {}
         }
         let now = now_secs();
         match self
             .metadata
-            .commit_delete(&user, path.as_str(), now, auth::replay_mark(header))
+            .commit_delete(&user, path.as_str(), now, replay)
             .await?
         {
             DeleteOutcome::Deleted { blob_key } => {
@@ -403,6 +418,14 @@ impl StorageService {
             has_more,
         })
     }
+}
+
+fn not_signed_up() -> ServiceError {
+    ServiceError::Forbidden("this key has not signed up on this homeserver".into())
+}
+
+fn disabled() -> ServiceError {
+    ServiceError::Forbidden("account disabled".into())
 }
 
 fn not_found(path: &StoragePath) -> ServiceError {

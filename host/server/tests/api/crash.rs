@@ -40,6 +40,10 @@ async fn start(dir: &std::path::Path, port: u16) -> Server {
         .env("HOMESERVER__HTTP__LISTEN", format!("127.0.0.1:{port}"))
         .env("HOMESERVER__STORAGE__QUOTA_BYTES", "0")
         .env("HOMESERVER__METRICS__LISTEN", "")
+        .env(
+            "HOMESERVER__POLICIES__CACHE_DIR",
+            crate::fixture::shared_guest_cache(),
+        )
         .env("HOMESERVER__RATE_LIMIT__ENABLED", "false")
         .env("RUST_LOG", "warn")
         .stdout(Stdio::null())

@@ -30,6 +30,7 @@ pub fn test_config(dir: &std::path::Path) -> Config {
     config.storage.blobs = format!("file://{}/blobs", dir.display());
     config.keys.secret_key_file = dir.join("server.key");
     config.policies.dir = dir.join("policies");
+    config.policies.cache_dir = shared_guest_cache();
     config.admin.listen = "127.0.0.1:0".parse().unwrap();
     config.admin.password = ADMIN_PASSWORD.into();
     config.metrics.listen = Some("127.0.0.1:0".parse().unwrap());
@@ -39,6 +40,13 @@ pub fn test_config(dir: &std::path::Path) -> Config {
 }
 
 pub const ADMIN_PASSWORD: &str = "test-admin-password";
+
+/// Compiled guests shared by every test server (entries are named by module and engine
+/// hash and written by rename, so sharing is safe): each server then starts in
+/// milliseconds instead of compiling three guests.
+pub fn shared_guest_cache() -> std::path::PathBuf {
+    std::env::temp_dir().join("homeserver-test-guest-cache")
+}
 
 impl TestHost {
     pub async fn start() -> Self {

@@ -1,0 +1,84 @@
+//! `homeserver policy check|eval|install`: the plugin author's tools, over the runtime's
+//! library functions.
+
+use std::process::ExitCode;
+
+use homeserver_runtime::{Slot, check_module, eval_lines, install_defaults};
+
+use crate::cli::PolicyCommand;
+
+pub fn run(command: PolicyCommand) -> ExitCode {
+    match execute(command) {
+        Ok(code) => code,
+        Err(message) => {
+            eprintln!("homeserver policy: {message}");
+            ExitCode::from(2)
+        }
+    }
+}
+
+fn slot(name: &str) -> Result<Slot, String> {
+    name.parse().map_err(|e| format!("{e}"))
+}
+
+fn execute(command: PolicyCommand) -> Result<ExitCode, String> {
+    match command {
+        PolicyCommand::Check { file, slot: name } => {
+            let report = check_module(&file, slot(&name)?).map_err(|e| e.to_string())?;
+            println!(
+                "{}: fits slot {} (blake3 {}, {} bytes, compiled in {:.0} ms)",
+                file.display(),
+                report.slot,
+                report.blake3,
+                report.size_bytes,
+                report.compile_ms
+            );
+            for case in report.failures() {
+                println!(
+                    "FAILED {}: input {} expected {} got {}",
+                    case.name, case.input, case.expected, case.got
+                );
+            }
+            let failed = report.failures().count();
+            println!(
+                "golden cases of {}: {} passed, {failed} failed",
+                report.slot,
+                report.cases.len() - failed
+            );
+            Ok(if report.passed() {
+                ExitCode::SUCCESS
+            } else {
+                ExitCode::FAILURE
+            })
+        }
+        PolicyCommand::Eval {
+            slot: name,
+            module,
+            policies,
+        } => {
+            let summary = eval_lines(
+                slot(&name)?,
+                module.as_deref(),
+                &policies,
+                std::io::stdin().lock(),
+                std::io::stdout().lock(),
+            )
+            .map_err(|e| e.to_string())?;
+            eprintln!(
+                "{} lines, {} bad input, {} guest failures",
+                summary.lines, summary.bad_input, summary.guest_failures
+            );
+            Ok(ExitCode::SUCCESS)
+        }
+        PolicyCommand::Install { dir, force } => {
+            let report = install_defaults(&dir, force).map_err(|e| e.to_string())?;
+            for path in &report.written {
+                println!("wrote {}", path.display());
+            }
+            for path in &report.kept {
+                println!("kept  {}", path.display());
+            }
+            Ok(ExitCode::SUCCESS)
+        }
+    }
+}

@@ -1,0 +1,202 @@
+//! Access control: resolves a request's credentials (a signed request or a session) and
+//! asks the capability-policy guest about every authorized request, owners' included, so
+//! an operator's policy can also restrict owners. A guest that fails (trap, timeout,
+//! memory) never allows: the request gets a 500.
+
+use std::sync::Arc;
+
+use homeserver_protocol::{AuthHeader, BodyHash, PublicKey, StoragePath};
+use homeserver_runtime::{AuthorizeRequest, Caller as PolicyCaller, Operation, PolicyRuntime};
+
+use super::ServiceError;
+use super::auth::{self, Credentials, ReadAccess, SignedTarget};
+use super::sessions::SessionService;
+use crate::persistence::metadata::SessionRecord;
+
+/// Who writes, once access control let them.
+#[derive(Debug)]
+pub enum Writer<'a> {
+    /// A signed request; its signature covers the body and is checked against it.
+    Signed {
+        header: &'a AuthHeader,
+        target: SignedTarget<'a>,
+    },
+    /// A session the policy allowed.
+    Session(SessionRecord),
+}
+
+impl Writer<'_> {
+    /// z-base-32 key of the space written to.
+    pub fn user(&self) -> String {
+        match self {
+            Writer::Signed { header, .. } => header.public_key.to_z32(),
+            Writer::Session(s) => s.user.clone(),
+        }
+    }
+}
+
+/// A write that passed credentials, possibly with a refusal still to be answered (for a
+/// signed PUT the refusal waits until the body proved the signature: 401 comes first).
+#[derive(Debug)]
+pub struct WriteGrant<'a> {
+    pub writer: Writer<'a>,
+    pub refusal: Option<ServiceError>,
+}
+
+#[derive(Clone)]
+pub struct AccessControl {
+    sessions: SessionService,
+    policy: Arc<PolicyRuntime>,
+}
+
+fn guest_failed(e: impl std::fmt::Display) -> ServiceError {
+    ServiceError::Internal(format!("capability policy guest failed: {e}"))
+}
+
+impl AccessControl {
+    pub fn new(sessions: SessionService, policy: Arc<PolicyRuntime>) -> Self {
+        Self { sessions, policy }
+    }
+
+    pub fn sessions(&self) -> &SessionService {
+        &self.sessions
+    }
+
+    pub fn policy(&self) -> &Arc<PolicyRuntime> {
+        &self.policy
+    }
+
+    /// Asks the policy; `Some(refusal)` when it denies.
+    fn decide(
+        &self,
+        operation: Operation,
+        path: &StoragePath,
+        caller: PolicyCaller,
+        user: String,
+    ) -> Result<Option<ServiceError>, ServiceError> {
+        let decision = self
+            .policy
+            .authorize(&AuthorizeRequest {
+                operation,
+                path: path.to_string(),
+                caller,
+                user,
+            })
+            .map_err(guest_failed)?;
+        Ok((!decision.allow).then(|| {
+            ServiceError::Forbidden(if decision.reason.is_empty() {
+                "denied by the capability policy".to_owned()
+            } else {
+                decision.reason
+            })
+        }))
+    }
+
+    /// A read (GET, HEAD, listing) of `path`.
+    pub async fn read(
+        &self,
+        credentials: &Credentials,
+        host: Option<&PublicKey>,
+        target: &SignedTarget<'_>,
+        path: &StoragePath,
+    ) -> Result<ReadAccess, ServiceError> {
+        let (space, caller) = match credentials {
+            Credentials::Session(token) => match self.sessions.resolve(token).await {
+                Ok(session) => {
+                    let space: PublicKey = session
+                        .user
+                        .parse()
+                        .map_err(|e| ServiceError::Internal(format!("session user: {e}")))?;
+                    match host {
+                        // Naming another user: a public read, the session is not used.
+                        Some(h) if h != &space => return public(*h, path),
+                        _ => (
+                            space,
+                            PolicyCaller::Session {
+                                capabilities: session.capabilities,
+                            },
+                        ),
+                    }
+                }
+                Err(e) => match host {
+                    Some(h) => return public(*h, path),
+                    None => return Err(e),
+                },
+            },
+            Credentials::Signed(h) => match host {
+                Some(host) if host != &h.public_key => return public(*host, path),
+                _ => {
+                    auth::verify(h, target, &BodyHash::empty())?;
+                    (h.public_key, PolicyCaller::Owner)
+                }
+            },
+            Credentials::None => match host {
+                Some(h) => return public(*h, path),
+                None => return Err(auth::missing_credentials()),
+            },
+        };
+        if path.is_private() {
+            return Err(auth::private_reserved());
+        }
+        if let Some(refusal) = self.decide(Operation::Read, path, caller, space.to_z32())? {
+            return Err(refusal);
+        }
+        Ok(ReadAccess::Owner(space))
+    }
+
+    /// A write (PUT, DELETE) of `path`: only in the writer's own space.
+    pub async fn write<'a>(
+        &self,
+        credentials: &'a Credentials,
+        host: Option<&PublicKey>,
+        target: SignedTarget<'a>,
+        path: &StoragePath,
+    ) -> Result<WriteGrant<'a>, ServiceError> {
+        let (writer, caller, space) = match credentials {
+            Credentials::Signed(header) => {
+                auth::check_fresh(header)?;
+                let space = header.public_key;
+                (
+                    Writer::Signed { header, target },
+                    PolicyCaller::Owner,
+                    space,
+                )
+            }
+            Credentials::Session(token) => {
+                let session = self.sessions.resolve(token).await?;
+                let space: PublicKey = session
+                    .user
+                    .parse()
+                    .map_err(|e| ServiceError::Internal(format!("session user: {e}")))?;
+                let caller = PolicyCaller::Session {
+                    capabilities: session.capabilities.clone(),
+                };
+                (Writer::Session(session), caller, space)
+            }
+            Credentials::None => {
+                return Err(ServiceError::InvalidSignature(
+                    "missing credentials: writes must be signed (Authorization: Pk ...) or \
+                     use a session (Authorization: Bearer ...)"
+                        .into(),
+                ));
+            }
+        };
+        let refusal = if host.is_some_and(|h| h != &space) {
+            Some(ServiceError::Forbidden(
+                "cannot write to another user's space".into(),
+            ))
+        } else if path.is_private() {
+            Some(auth::private_reserved())
+        } else {
+            self.decide(Operation::Write, path, caller, space.to_z32())?
+        };
+        Ok(WriteGrant { writer, refusal })
+    }
+}
+
+fn public(host: PublicKey, path: &StoragePath) -> Result<ReadAccess, ServiceError> {
+    if path.is_private() {
+        return Err(auth::private_reserved());
+    }
+    Ok(ReadAccess::Public(host))
+}

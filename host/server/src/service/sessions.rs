@@ -1,0 +1,147 @@
+//! Sessions: a signed `POST /auth/session` mints a bearer token limited to capabilities
+//! for a time; `GET` shows it and `DELETE` revokes it. Only the token's SHA-256 is
+//! stored. Which requests a session may make is decided by the capability-policy guest
+//! (see `access`), never here.
+
+use std::sync::Arc;
+
+use base64::Engine;
+use base64::engine::general_purpose::URL_SAFE_NO_PAD;
+use homeserver_protocol::{AuthHeader, BodyHash, Capability};
+use serde::{Deserialize, Serialize};
+use sha2::{Digest, Sha256};
+
+use super::auth::{self, SignedTarget};
+use super::{ServiceError, now_secs};
+use crate::persistence::MetadataStore;
+use crate::persistence::metadata::{CreateSessionOutcome, SessionRecord};
+
+pub const DEFAULT_TTL: u64 = 3600;
+pub const MIN_TTL: u64 = 60;
+pub const MAX_TTL: u64 = 30 * 24 * 3600;
+pub const MAX_CAPABILITIES: usize = 32;
+/// Expired sessions are kept this long so their tokens answer `expired_session`.
+pub const EXPIRED_RETENTION_SECS: i64 = 7 * 24 * 3600;
+
+/// Body of `POST /auth/session`.
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct SessionRequest {
+    pub capabilities: Vec<String>,
+    pub ttl: Option<u64>,
+}
+
+/// Answer to `POST /auth/session`.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct SessionCreated {
+    pub token: String,
+    pub expires_at: i64,
+}
+
+/// Answer to `GET /auth/session`.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct SessionInfo {
+    pub public_key: String,
+    pub capabilities: Vec<String>,
+    pub created_at: i64,
+    pub expires_at: i64,
+}
+
+impl From<&SessionRecord> for SessionInfo {
+    fn from(s: &SessionRecord) -> Self {
+        Self {
+            public_key: s.user.clone(),
+            capabilities: s.capabilities.clone(),
+            created_at: s.created_at,
+            expires_at: s.expires_at,
+        }
+    }
+}
+
+fn token_hash(token: &str) -> [u8; 32] {
+    Sha256::digest(token.as_bytes()).into()
+}
+
+#[derive(Clone)]
+pub struct SessionService {
+    metadata: Arc<dyn MetadataStore>,
+}
+
+impl SessionService {
+    pub fn new(metadata: Arc<dyn MetadataStore>) -> Self {
+        Self { metadata }
+    }
+
+    pub async fn create(
+        &self,
+        header: &AuthHeader,
+        target: &SignedTarget<'_>,
+        body: &[u8],
+    ) -> Result<SessionCreated, ServiceError> {
+        auth::verify(header, target, &BodyHash::of(body))?;
+        let request: SessionRequest = serde_json::from_slice(body).map_err(|e| {
+            ServiceError::BadRequest(format!(
+                "body must be {{\"capabilities\": [\"read:/pub/...\"], \"ttl\": seconds}}: {e}"
+            ))
+        })?;
+        let ttl = request.ttl.unwrap_or(DEFAULT_TTL);
+        if !(MIN_TTL..=MAX_TTL).contains(&ttl) {
+            return Err(ServiceError::BadRequest(format!(
+                "ttl must be from {MIN_TTL} to {MAX_TTL} seconds, got {ttl}"
+            )));
+        }
+        if request.capabilities.len() > MAX_CAPABILITIES {
+            return Err(ServiceError::BadRequest(format!(
+                "at most {MAX_CAPABILITIES} capabilities, got {}",
+                request.capabilities.len()
+            )));
+        }
+        for cap in &request.capabilities {
+            cap.parse::<Capability>()
+                .map_err(|e| ServiceError::BadRequest(format!("capability `{cap}`: {e}")))?;
+        }
+        let mut raw = [0u8; 32];
+        getrandom::fill(&mut raw).map_err(|e| ServiceError::Internal(format!("RNG: {e}")))?;
+        let token = URL_SAFE_NO_PAD.encode(raw);
+        let now = now_secs();
+        let expires_at = now + i64::try_from(ttl).unwrap_or(i64::MAX);
+        let record = SessionRecord {
+            token_hash: token_hash(&token),
+            user: header.public_key.to_z32(),
+            capabilities: request.capabilities,
+            created_at: now,
+            expires_at,
+        };
+        match self
+            .metadata
+            .create_session(&record, auth::replay_mark(header))
+            .await?
+        {
+            CreateSessionOutcome::Created => Ok(SessionCreated { token, expires_at }),
+            CreateSessionOutcome::Replayed => Err(auth::replayed()),
+            CreateSessionOutcome::UnknownUser => Err(ServiceError::Forbidden(
+                "this key has not signed up on this homeserver".into(),
+            )),
+        }
+    }
+
+    /// The live session of a bearer token: 401 `invalid_signature` when unknown or
+    /// revoked, 401 `expired_session` when expired.
+    pub async fn resolve(&self, token: &str) -> Result<SessionRecord, ServiceError> {
+        let session = self
+            .metadata
+            .session(&token_hash(token))
+            .await?
+            .ok_or_else(|| ServiceError::InvalidSignature("unknown or revoked session".into()))?;
+        if session.expires_at <= now_secs() {
+            return Err(ServiceError::ExpiredSession);
+        }
+        Ok(session)
+    }
+
+    pub async fn revoke(&self, token: &str) -> Result<(), ServiceError> {
+        self.resolve(token).await?;
+        self.metadata.delete_session(&token_hash(token)).await?;
+        Ok(())
+    }
+}
