@@ -1,5 +1,6 @@
-//! The `hs-load` command line: `baseline` (serve) and `run` (measure), and the tokio
-//! runtime each one runs on (`--threads` worker threads, default: all cores).
+//! The `hs-load` command line: `baseline` (serve), `run` (measure) and `fanout` (event
+//! delivery), and the tokio runtime each one runs on (`--threads` worker threads,
+//! default: all cores).
 
 use std::net::SocketAddr;
 use std::num::NonZeroUsize;
@@ -11,6 +12,7 @@ use clap::{Args, Parser, Subcommand};
 use tokio::net::TcpListener;
 
 use crate::driver::{self, RunConfig};
+use crate::fanout::{self, FanoutConfig};
 use crate::scenario::{Scenario, value_bytes};
 use crate::target::Target;
 
@@ -27,6 +29,9 @@ pub enum Command {
     Baseline(BaselineArgs),
     /// Load a server for a fixed time and print one summary line.
     Run(RunArgs),
+    /// Open N live event-stream subscriptions, write at a fixed rate, and measure how
+    /// fast (and whether exactly once) each event reaches each subscriber.
+    Fanout(FanoutArgs),
 }
 
 #[derive(Debug, Args)]
@@ -66,10 +71,54 @@ pub struct RunArgs {
     pub json: bool,
 }
 
+#[derive(Debug, Args)]
+pub struct FanoutArgs {
+    /// Server to load: http:// on 127.0.0.1, localhost or [::1] only.
+    #[arg(long, value_parser = Target::parse)]
+    pub url: Target,
+    /// Live subscriptions, one connection each (0: measure the writes alone).
+    #[arg(long, value_parser = clap::value_parser!(u32).range(0..=100_000))]
+    pub subscribers: u32,
+    /// Signed PUTs to make, each to a new path.
+    #[arg(long, default_value_t = 2000, value_parser = clap::value_parser!(u32).range(1..=10_000_000))]
+    pub writes: u32,
+    /// Writes per second (open loop: due times do not wait for answers).
+    #[arg(long, default_value_t = 200, value_parser = clap::value_parser!(u32).range(1..=1_000_000))]
+    pub rate: u32,
+    /// Writer users; subscriber i follows user i % users, write j goes to user j % users.
+    #[arg(long, default_value_t = 1, value_parser = clap::value_parser!(u32).range(1..=10_000))]
+    pub users: u32,
+    /// Subscriptions opened per second.
+    #[arg(long, default_value_t = 2000, value_parser = clap::value_parser!(u32).range(1..=1_000_000))]
+    pub connect_rate: u32,
+    /// Connections the writes are spread over (a write waits only when all are busy).
+    #[arg(long, default_value_t = 16, value_parser = clap::value_parser!(u16).range(1..=1024))]
+    pub writer_connections: u16,
+    /// Size of each written value.
+    #[arg(long, default_value_t = 64, value_parser = clap::value_parser!(u32).range(0..=(1 << 20)))]
+    pub value_bytes: u32,
+    /// The server's process id: report its memory per idle subscriber (from /proc).
+    #[arg(long)]
+    pub server_pid: Option<u32>,
+    /// The server's metrics listener (loopback): wait until it counts the subscriptions.
+    #[arg(long, value_parser = Target::parse)]
+    pub metrics_url: Option<Target>,
+    /// Seconds after which the run stops and reports what it has.
+    #[arg(long, default_value_t = 120, value_parser = clap::value_parser!(u32).range(1..=86_400))]
+    pub timeout: u32,
+    /// Runtime worker threads (default: number of cores).
+    #[arg(long, value_parser = clap::value_parser!(u16).range(1..=1024))]
+    pub threads: Option<u16>,
+    /// Print the summary as a JSON object instead of a text line.
+    #[arg(long)]
+    pub json: bool,
+}
+
 pub fn execute(cli: Cli) -> anyhow::Result<()> {
     match cli.command {
         Command::Baseline(args) => baseline(args),
         Command::Run(args) => run(args),
+        Command::Fanout(args) => fanout(args),
     }
 }
 
@@ -130,6 +179,81 @@ fn run(args: RunArgs) -> anyhow::Result<()> {
     Ok(())
 }
 
+/// File descriptors a fan-out run needs beyond one per subscription (writers, metrics,
+/// the runtime, stdio).
+const SPARE_FDS: u64 = 64;
+
+/// Raises this process's soft limit on open files to its hard limit; returns the soft
+/// limit in force afterwards (None where it cannot be read).
+fn raise_nofile_limit() -> Option<u64> {
+    #[cfg(unix)]
+    {
+        use nix::sys::resource::{Resource, getrlimit, setrlimit};
+        let (soft, hard) = getrlimit(Resource::RLIMIT_NOFILE).ok()?;
+        if soft < hard
+            && let Err(error) = setrlimit(Resource::RLIMIT_NOFILE, hard, hard)
+        {
+            eprintln!("hs-load: cannot raise the open-file limit to {hard}: {error}");
+            return Some(soft);
+        }
+        Some(hard.max(soft))
+    }
+    #[cfg(not(unix))]
+    {
+        None
+    }
+}
+
+fn fanout(args: FanoutArgs) -> anyhow::Result<()> {
+    let limit = raise_nofile_limit();
+    let needed = u64::from(args.subscribers) + u64::from(args.writer_connections) + SPARE_FDS;
+    if let Some(limit) = limit
+        && limit < needed
+    {
+        bail!(
+            "{} subscribers need about {needed} open files, the limit is {limit} \
+             (raise the hard limit, e.g. `ulimit -Hn`, as root)",
+            args.subscribers
+        );
+    }
+    let config = FanoutConfig {
+        target: args.url,
+        metrics: args.metrics_url,
+        subscribers: args.subscribers as usize,
+        users: args.users as usize,
+        writes: args.writes as usize,
+        rate: f64::from(args.rate),
+        connect_rate: f64::from(args.connect_rate),
+        writer_connections: usize::from(args.writer_connections),
+        value_bytes: args.value_bytes as usize,
+        server_pid: args.server_pid,
+        timeout: Duration::from_secs(args.timeout.into()),
+    };
+    let summary = runtime(args.threads)?.block_on(fanout::run(config))?;
+    if args.json {
+        println!("{}", summary.to_json());
+    } else {
+        println!("{}", summary.line());
+    }
+    if !summary.clean() {
+        bail!(
+            "the run was not clean: {} errors, {} missing, {} duplicates, {} out of order, \
+             {} unexpected, {}/{} writes committed, {}/{} subscriptions{}",
+            summary.errors(),
+            summary.check.missing,
+            summary.check.duplicates,
+            summary.check.out_of_order,
+            summary.check.unexpected,
+            summary.writes_ok,
+            summary.writes,
+            summary.opened,
+            summary.subscribers,
+            if summary.timed_out { ", timed out" } else { "" },
+        );
+    }
+    Ok(())
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -183,6 +307,58 @@ mod tests {
             ])
             .is_err()
         );
+    }
+
+    #[test]
+    fn fanout_arguments_parse_and_guard_the_urls() {
+        let cli = Cli::try_parse_from([
+            "hs-load",
+            "fanout",
+            "--url",
+            "http://127.0.0.1:6286",
+            "--subscribers",
+            "0",
+            "--writes",
+            "10",
+            "--rate",
+            "5",
+            "--metrics-url",
+            "http://localhost:6289",
+            "--server-pid",
+            "42",
+        ])
+        .unwrap();
+        let Command::Fanout(args) = cli.command else {
+            panic!("expected fanout")
+        };
+        assert_eq!((args.subscribers, args.writes, args.rate), (0, 10, 5));
+        assert_eq!(
+            (args.users, args.connect_rate, args.timeout),
+            (1, 2000, 120)
+        );
+        assert_eq!(args.server_pid, Some(42));
+        assert_eq!(
+            args.metrics_url.unwrap().addr,
+            "127.0.0.1:6289".parse().unwrap()
+        );
+        assert!(!args.json);
+
+        for bad in [
+            ["--url", "http://10.0.0.1:80", "--subscribers", "1"],
+            [
+                "--metrics-url",
+                "http://example.com:1",
+                "--subscribers",
+                "1",
+            ],
+            ["--users", "0", "--subscribers", "1"],
+            ["--rate", "0", "--subscribers", "1"],
+        ] {
+            let argv = ["hs-load", "fanout", "--url", "http://127.0.0.1:1"]
+                .into_iter()
+                .chain(bad);
+            assert!(Cli::try_parse_from(argv).is_err());
+        }
     }
 
     #[test]

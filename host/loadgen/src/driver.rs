@@ -209,7 +209,7 @@ async fn connection_loop(
 }
 
 /// Prints one failure to stderr, unless enough have been printed already.
-fn report(printed: &AtomicUsize, message: impl FnOnce() -> String) {
+pub(crate) fn report(printed: &AtomicUsize, message: impl FnOnce() -> String) {
     let n = printed.fetch_add(1, Ordering::Relaxed);
     if n < PRINTED_FAILURES {
         eprintln!("hs-load: failure: {}", message());
@@ -219,7 +219,7 @@ fn report(printed: &AtomicUsize, message: impl FnOnce() -> String) {
 }
 
 #[derive(Debug)]
-enum ConnectError {
+pub(crate) enum ConnectError {
     Io(std::io::Error),
     Http(hyper::Error),
 }
@@ -233,11 +233,11 @@ impl std::fmt::Display for ConnectError {
     }
 }
 
-type Sender = http1::SendRequest<Full<Bytes>>;
+pub(crate) type Sender = http1::SendRequest<Full<Bytes>>;
 
 /// Opens one HTTP/1.1 connection; its driver runs as its own task and ends when the
 /// sender is dropped or the peer closes.
-async fn connect(target: &Target) -> Result<Sender, ConnectError> {
+pub(crate) async fn connect(target: &Target) -> Result<Sender, ConnectError> {
     let stream = TcpStream::connect(target.addr)
         .await
         .map_err(ConnectError::Io)?;
@@ -253,14 +253,14 @@ async fn connect(target: &Target) -> Result<Sender, ConnectError> {
 }
 
 #[derive(Debug)]
-struct Outcome {
-    status: StatusCode,
+pub(crate) struct Outcome {
+    pub(crate) status: StatusCode,
     /// The start of the body, kept only for non-2xx answers (to print them).
-    body_excerpt: String,
+    pub(crate) body_excerpt: String,
 }
 
 /// Sends one request and reads the whole response body (dropping it as it arrives).
-async fn exchange(
+pub(crate) async fn exchange(
     sender: &mut Sender,
     request: Request<Full<Bytes>>,
 ) -> Result<Outcome, hyper::Error> {

@@ -197,18 +197,40 @@ impl Workload {
         body_hash: &BodyHash,
         timestamp: u64,
     ) -> Result<Request<Full<Bytes>>, hyper::http::Error> {
-        let auth = AuthHeader::sign(&self.keypair, method.as_str(), target, timestamp, body_hash)
-            .to_header_value();
-        let mut builder = Request::builder()
-            .method(method)
-            .uri(target)
-            .header(HOST, self.host.clone())
-            .header(AUTHORIZATION, auth);
-        if !body.is_empty() {
-            builder = builder.header(CONTENT_TYPE, "application/octet-stream");
-        }
-        builder.body(Full::new(body))
+        signed_request(
+            &self.keypair,
+            &self.host,
+            method,
+            target,
+            body,
+            body_hash,
+            timestamp,
+        )
     }
+}
+
+/// A request signed by `keypair` (`Authorization` over method, target, time and the
+/// body's hash, which the caller computes once per distinct body).
+pub fn signed_request(
+    keypair: &Keypair,
+    host: &HeaderValue,
+    method: Method,
+    target: &str,
+    body: Bytes,
+    body_hash: &BodyHash,
+    timestamp: u64,
+) -> Result<Request<Full<Bytes>>, hyper::http::Error> {
+    let auth =
+        AuthHeader::sign(keypair, method.as_str(), target, timestamp, body_hash).to_header_value();
+    let mut builder = Request::builder()
+        .method(method)
+        .uri(target)
+        .header(HOST, host.clone())
+        .header(AUTHORIZATION, auth);
+    if !body.is_empty() {
+        builder = builder.header(CONTENT_TYPE, "application/octet-stream");
+    }
+    builder.body(Full::new(body))
 }
 
 /// Makes the timed requests of one connection.

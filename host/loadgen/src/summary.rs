@@ -11,7 +11,7 @@ use hdrhistogram::Histogram;
 use serde_json::{Value, json};
 
 /// Largest latency the histogram tracks exactly (larger ones are clamped to it).
-const MAX_TRACKED_US: u64 = 600_000_000;
+pub const MAX_TRACKED_US: u64 = 600_000_000;
 
 /// What one connection (or the whole run, once merged) observed inside the window.
 #[derive(Debug)]
