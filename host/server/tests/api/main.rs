@@ -11,5 +11,6 @@ mod events;
 mod limits;
 mod listing;
 mod ops;
+mod sessions;
 mod signup;
 mod storage;
