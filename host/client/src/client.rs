@@ -17,7 +17,9 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use bytes::Bytes;
-use homeserver_protocol::wire::{DeleteResult, ListEntry, ListResult, PutResult, SignupResult};
+use homeserver_protocol::wire::{
+    DeleteResult, ListEntry, ListResult, PutResult, SessionCreated, SessionRequest, SignupResult,
+};
 use homeserver_protocol::{AuthHeader, BodyHash, Keypair, PublicKey, StoragePath};
 use reqwest::header::{AUTHORIZATION, CONTENT_LENGTH, CONTENT_TYPE, IF_NONE_MATCH};
 use reqwest::{Method, Response, StatusCode};
@@ -139,6 +141,31 @@ impl PkClient {
         let target = RequestTarget::new(&self.base, "/signup", query.as_deref());
         let response = self
             .send_write(Method::POST, &target, BodyHash::empty(), &Payload::Empty)
+            .await?;
+        json(response).await
+    }
+
+    /// `POST /auth/session`: a bearer token limited to `capabilities`
+    /// (`<read|write|*>:<path prefix>`) for `ttl` seconds (server default 3600).
+    pub async fn create_session(
+        &self,
+        capabilities: &[String],
+        ttl: Option<u64>,
+    ) -> Result<SessionCreated, ClientError> {
+        let body = serde_json::to_vec(&SessionRequest {
+            capabilities: capabilities.to_vec(),
+            ttl,
+        })
+        .map_err(|e| ClientError::io("encoding the session request", std::io::Error::other(e)))?;
+        let body = Bytes::from(body);
+        let target = RequestTarget::new(&self.base, "/auth/session", None);
+        let response = self
+            .send_write(
+                Method::POST,
+                &target,
+                BodyHash::of(&body),
+                &Payload::Bytes(body.clone()),
+            )
             .await?;
         json(response).await
     }

@@ -321,6 +321,36 @@ fn against_a_real_homeserver() {
 
     assert_ok(&pk(&["signup"], &env, None));
 
+    // A session limited to /pub/app/: its token writes there and nowhere else.
+    let o = pk(
+        &["session", "--cap", "write:/pub/app/", "--ttl", "600"],
+        &env,
+        None,
+    );
+    assert_ok(&o);
+    let token = stdout(&o).trim().to_owned();
+    assert_eq!(token.len(), 43, "{token}");
+    let put = |path: &str| {
+        Command::new("curl")
+            .args(["-s", "-o", "/dev/null", "-w", "%{http_code}", "-X", "PUT"])
+            .args([
+                "-H",
+                &format!("Authorization: Bearer {token}"),
+                "--data-binary",
+                "v",
+            ])
+            .arg(format!("{}{path}", server.url))
+            .output()
+            .map(|o| String::from_utf8_lossy(&o.stdout).into_owned())
+    };
+    if let (Ok(inside), Ok(outside)) = (put("/pub/app/x"), put("/pub/other/x")) {
+        assert_eq!((inside.as_str(), outside.as_str()), ("200", "403"));
+        assert_ok(&pk(&["rm", "/pub/app/x"], &env, None));
+    }
+    let o = pk(&["session", "--cap", "nonsense"], &env, None);
+    assert_eq!(o.status.code(), Some(1), "{}", stderr(&o));
+    assert!(stderr(&o).contains("bad_request"), "{}", stderr(&o));
+
     // A file, streamed; stored twice in a row (two processes, the same second: the
     // second is an identical signed request and must still go through).
     let data: Vec<u8> = (0..300_000u32).map(|i| (i * 31 % 251) as u8).collect();

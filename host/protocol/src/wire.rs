@@ -86,3 +86,30 @@ pub struct SignupTokenStatus {
     /// ISO 8601 UTC, e.g. `2026-11-22T04:13:00Z`.
     pub created_at: String,
 }
+
+/// Body of `POST /auth/session`.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct SessionRequest {
+    /// `<read|write|*>:<path prefix>` strings.
+    pub capabilities: Vec<String>,
+    /// Seconds; 3600 when absent.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub ttl: Option<u64>,
+}
+
+/// Answer to `POST /auth/session`.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct SessionCreated {
+    pub token: String,
+    pub expires_at: i64,
+}
+
+/// Answer to `GET /auth/session`.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct SessionInfo {
+    pub public_key: String,
+    pub capabilities: Vec<String>,
+    pub created_at: i64,
+    pub expires_at: i64,
+}

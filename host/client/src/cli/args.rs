@@ -51,6 +51,17 @@ pub enum Command {
     /// Print the public key of the configured secret key.
     Pubkey,
 
+    /// Mint a session token limited to capabilities (prints the token on stdout and its
+    /// expiry on stderr). Use it as `Authorization: Bearer <token>`.
+    Session {
+        /// A capability `<read|write|*>:<path prefix>`; repeatable.
+        #[arg(long = "cap", value_name = "CAPABILITY", required = true)]
+        capabilities: Vec<String>,
+        /// Lifetime in seconds (60 to 2592000; the server's default is 3600).
+        #[arg(long)]
+        ttl: Option<u64>,
+    },
+
     /// Register the configured key with the homeserver.
     Signup {
         /// Signup token, when the homeserver requires one (XXXX-XXXX-XXXX).

@@ -52,6 +52,7 @@ async fn run(cli: Cli) -> Result<(), CliError> {
         Command::Keygen { out, force } => keys::keygen(out.as_deref(), force),
         Command::Pubkey => keys::pubkey(&ctx),
         Command::Signup { token } => storage::signup(&ctx, token.as_deref()).await,
+        Command::Session { capabilities, ttl } => storage::session(&ctx, &capabilities, ttl).await,
         Command::Put { path, file } => storage::put(&ctx, &path, &file).await,
         Command::Get { path, user, out } => storage::get(&ctx, &path, user, out.as_deref()).await,
         Command::Ls(ls) => storage::ls(&ctx, ls).await,

@@ -16,6 +16,21 @@ pub async fn signup(ctx: &Context, token: Option<&str>) -> Result<(), CliError> 
     Ok(())
 }
 
+/// `pk session --cap C [--cap C...] [--ttl S]`.
+pub async fn session(
+    ctx: &Context,
+    capabilities: &[String],
+    ttl: Option<u64>,
+) -> Result<(), CliError> {
+    let created = ctx
+        .signing_client()?
+        .create_session(capabilities, ttl)
+        .await?;
+    println!("{}", created.token);
+    eprintln!("expires at {} (Unix seconds)", created.expires_at);
+    Ok(())
+}
+
 /// `pk put PATH FILE|-`.
 pub async fn put(ctx: &Context, path: &str, file: &Path) -> Result<(), CliError> {
     let client = ctx.signing_client()?;

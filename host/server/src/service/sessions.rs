@@ -8,7 +8,6 @@ use std::sync::Arc;
 use base64::Engine;
 use base64::engine::general_purpose::URL_SAFE_NO_PAD;
 use homeserver_protocol::{AuthHeader, BodyHash, Capability};
-use serde::{Deserialize, Serialize};
 use sha2::{Digest, Sha256};
 
 use super::auth::{self, SignedTarget};
@@ -23,29 +22,7 @@ pub const MAX_CAPABILITIES: usize = 32;
 /// Expired sessions are kept this long so their tokens answer `expired_session`.
 pub const EXPIRED_RETENTION_SECS: i64 = 7 * 24 * 3600;
 
-/// Body of `POST /auth/session`.
-#[derive(Debug, Deserialize)]
-#[serde(deny_unknown_fields)]
-pub struct SessionRequest {
-    pub capabilities: Vec<String>,
-    pub ttl: Option<u64>,
-}
-
-/// Answer to `POST /auth/session`.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
-pub struct SessionCreated {
-    pub token: String,
-    pub expires_at: i64,
-}
-
-/// Answer to `GET /auth/session`.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
-pub struct SessionInfo {
-    pub public_key: String,
-    pub capabilities: Vec<String>,
-    pub created_at: i64,
-    pub expires_at: i64,
-}
+pub use homeserver_protocol::wire::{SessionCreated, SessionInfo, SessionRequest};
 
 impl From<&SessionRecord> for SessionInfo {
     fn from(s: &SessionRecord) -> Self {
