@@ -130,6 +130,27 @@ async fn setup(target: &Target, workload: &Workload) -> Result<(), RunError> {
             });
         }
     }
+    if let Some(request) = workload.session_request()? {
+        sender.ready().await?;
+        let response = sender.send_request(request).await?;
+        let status = response.status();
+        let body = response.into_body().collect().await?.to_bytes();
+        let text = String::from_utf8_lossy(&body).into_owned();
+        let token = serde_json::from_slice::<serde_json::Value>(&body)
+            .ok()
+            .and_then(|v| v["token"].as_str().map(str::to_owned));
+        match token {
+            Some(token) if status.is_success() => workload.set_session_token(&token)?,
+            _ => {
+                return Err(RunError::SetupStatus {
+                    method: "POST".into(),
+                    path: "/auth/session".into(),
+                    status,
+                    body: text,
+                });
+            }
+        }
+    }
     Ok(())
 }
 

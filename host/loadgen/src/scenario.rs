@@ -46,6 +46,10 @@ pub enum Scenario {
     /// Anonymous GET of a 1 MiB value (`Pubky-Host: <owner>`).
     #[value(name = "public-get-1m")]
     PublicGet1m,
+    /// GET of a 1 KiB value with a session (`Authorization: Bearer`), so every request
+    /// is decided by the capability-policy guest.
+    #[value(name = "session-get-1k")]
+    SessionGet1k,
     /// Plain `GET /`, for the baseline server.
     #[value(name = "static")]
     Static,
@@ -57,17 +61,19 @@ pub enum Kind {
     Put,
     SignedGet,
     PublicGet,
+    SessionGet,
     Static,
 }
 
 impl Scenario {
-    pub const ALL: [Scenario; 7] = [
+    pub const ALL: [Scenario; 8] = [
         Scenario::Put1k,
         Scenario::Put1m,
         Scenario::Get1k,
         Scenario::Get1m,
         Scenario::PublicGet1k,
         Scenario::PublicGet1m,
+        Scenario::SessionGet1k,
         Scenario::Static,
     ];
 
@@ -79,6 +85,7 @@ impl Scenario {
             Scenario::Get1k => "get-1k",
             Scenario::Get1m => "get-1m",
             Scenario::PublicGet1k => "public-get-1k",
+            Scenario::SessionGet1k => "session-get-1k",
             Scenario::PublicGet1m => "public-get-1m",
             Scenario::Static => "static",
         }
@@ -89,6 +96,7 @@ impl Scenario {
             Scenario::Put1k | Scenario::Put1m => Kind::Put,
             Scenario::Get1k | Scenario::Get1m => Kind::SignedGet,
             Scenario::PublicGet1k | Scenario::PublicGet1m => Kind::PublicGet,
+            Scenario::SessionGet1k => Kind::SessionGet,
             Scenario::Static => Kind::Static,
         }
     }
@@ -96,7 +104,9 @@ impl Scenario {
     /// Size of the stored value (none for `static`, whose body is the server's choice).
     pub fn value_bytes(self) -> usize {
         match self {
-            Scenario::Put1k | Scenario::Get1k | Scenario::PublicGet1k => KIB,
+            Scenario::Put1k | Scenario::Get1k | Scenario::PublicGet1k | Scenario::SessionGet1k => {
+                KIB
+            }
             Scenario::Put1m | Scenario::Get1m | Scenario::PublicGet1m => MIB,
             Scenario::Static => 0,
         }
@@ -140,6 +150,8 @@ pub struct Workload {
     value: Bytes,
     value_hash: BodyHash,
     read_path: String,
+    /// `Bearer <token>` of the session scenario, set during set-up.
+    session: std::sync::OnceLock<HeaderValue>,
 }
 
 impl Workload {
@@ -156,7 +168,26 @@ impl Workload {
             value,
             value_hash,
             read_path: scenario.read_path(),
+            session: std::sync::OnceLock::new(),
         })
+    }
+
+    /// The signed request minting the session of `session-get-*` (after the other set-up).
+    pub fn session_request(&self) -> Result<Option<Request<Full<Bytes>>>, hyper::http::Error> {
+        if self.scenario.kind() != Kind::SessionGet {
+            return Ok(None);
+        }
+        let body = Bytes::from_static(br#"{"capabilities":["read:/pub/bench/"],"ttl":3600}"#);
+        let hash = BodyHash::of(&body);
+        self.signed(Method::POST, "/auth/session", body, &hash, unix_secs())
+            .map(Some)
+    }
+
+    /// Keeps the minted session token for the timed requests.
+    pub fn set_session_token(&self, token: &str) -> Result<(), hyper::http::Error> {
+        let value = HeaderValue::try_from(format!("Bearer {token}"))?;
+        let _ = self.session.set(value);
+        Ok(())
     }
 
     pub fn scenario(&self) -> Scenario {
@@ -177,7 +208,10 @@ impl Workload {
             &BodyHash::empty(),
             unix_secs(),
         )?);
-        if matches!(self.scenario.kind(), Kind::SignedGet | Kind::PublicGet) {
+        if matches!(
+            self.scenario.kind(),
+            Kind::SignedGet | Kind::PublicGet | Kind::SessionGet
+        ) {
             requests.push(self.signed(
                 Method::PUT,
                 &self.read_path,
@@ -305,6 +339,16 @@ impl RequestStream {
                 .header(HOST, w.host.clone())
                 .header(PUBKY_HOST, w.owner_z32.clone())
                 .body(Full::new(Bytes::new())),
+            Kind::SessionGet => {
+                let mut builder = Request::builder()
+                    .method(Method::GET)
+                    .uri(w.read_path.as_str())
+                    .header(HOST, w.host.clone());
+                if let Some(bearer) = w.session.get() {
+                    builder = builder.header(AUTHORIZATION, bearer.clone());
+                }
+                builder.body(Full::new(Bytes::new()))
+            }
             Kind::Static => Request::builder()
                 .method(Method::GET)
                 .uri("/")
