@@ -10,7 +10,7 @@ run:
 
 # Run the whole test suite (what CI runs, minus lint).
 test:
-    cargo test --workspace
+    scripts/test
 
 # Formatting and lint checks, as in CI.
 lint:
