@@ -72,10 +72,32 @@ pub struct AppContext {
     pub metrics: Arc<Metrics>,
     pub rate_limits: RateLimits,
     pub server_key: Keypair,
+    /// Users known to exist (a positive cache for rate limiting: keys are free to make,
+    /// so only signed-up users get a bucket of their own).
+    known_users: quick_cache::sync::Cache<String, ()>,
     sqlite: Option<Arc<SqliteStore>>,
 }
 
 impl AppContext {
+    /// Whether `user` (z32) has signed up; cached once seen.
+    pub async fn known_user(&self, user: &str) -> bool {
+        if self.known_users.get(user).is_some() {
+            return true;
+        }
+        match self.metadata.user(user).await {
+            Ok(Some(_)) => {
+                self.known_users.insert(user.to_owned(), ());
+                true
+            }
+            _ => false,
+        }
+    }
+
+    /// Forgets a deleted user.
+    pub fn forget_user(&self, user: &str) {
+        self.known_users.remove(user);
+    }
+
     /// Builds every store and service; `shutdown` ends live streams and background work.
     pub async fn build(config: Config, shutdown: CancellationToken) -> Result<Self, StartError> {
         let sqlite = Arc::new(SqliteStore::open(&config.storage.database_url).await?);
@@ -115,6 +137,7 @@ impl AppContext {
             metadata,
             blobs,
             server_key,
+            known_users: quick_cache::sync::Cache::new(100_000),
             sqlite: Some(sqlite),
             config,
         })

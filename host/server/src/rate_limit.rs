@@ -2,10 +2,9 @@
 //! callers per public key, the signup-token check per IP on its own (always on). The
 //! per-minute figure is also the burst. The admin server is never limited.
 //!
-//! Which bucket a request uses is decided before its signature can be checked (a PUT's
-//! signature covers a body not yet read), so a well-formed, fresh `Pk` header selects its
-//! key's bucket; a request that then fails authentication is also charged to its IP, so
-//! bad credentials count against the client IP.
+//! A request uses its user's bucket only when its credentials prove a signed-up user
+//! (see `client_server::middleware`); everything else, bad credentials included, counts
+//! against the client IP.
 
 use std::net::{IpAddr, SocketAddr};
 use std::num::NonZeroU32;
@@ -136,6 +135,10 @@ impl RateLimits {
             token_check: Limit::new(config.signup_token_check_per_minute),
             trusted_proxies: config.trusted_proxies.clone(),
         }
+    }
+
+    pub fn enabled(&self) -> bool {
+        self.enabled
     }
 
     /// Checks (and counts) one request; None when limits are off.

@@ -144,6 +144,7 @@ async fn delete_account(
     Path(key): Path<String>,
 ) -> Result<Response, ApiError> {
     let deleted = app.admin.delete_account(&parse_key(&key)?).await?;
+    app.forget_user(&deleted.public_key);
     Ok(Json(deleted).into_response())
 }
 

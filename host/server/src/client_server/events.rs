@@ -112,6 +112,25 @@ pub async fn stream(State(app): State<AppState>, request: Request) -> Response {
 }
 
 fn parse_subscription(request: &Request) -> Result<Subscription, ApiError> {
+    let mut subscription = parse_query(request)?;
+    // An EventSource reconnecting sends the last id it saw with the original URL: resume
+    // after it (for one user; with several the per-user cursors in the URL rule).
+    let last_event_id = request
+        .headers()
+        .get("last-event-id")
+        .and_then(|v| v.to_str().ok())
+        .and_then(|v| v.trim().parse::<u64>().ok());
+    if let (Some(id), [only], false) = (
+        last_event_id,
+        subscription.users.as_mut_slice(),
+        subscription.reverse,
+    ) {
+        only.cursor = only.cursor.max(id);
+    }
+    Ok(subscription)
+}
+
+fn parse_query(request: &Request) -> Result<Subscription, ApiError> {
     let mut subscription = Subscription {
         users: Vec::new(),
         path_prefix: None,

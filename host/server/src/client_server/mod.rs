@@ -33,6 +33,7 @@ pub fn router(app: AppState) -> Router {
         .route("/events/", get(events::feed))
         .route("/events-stream", get(events::stream))
         .route("/signup_tokens/{token}", get(signup::token_status))
+        .route("/signup_tokens/", get(signup::missing_token))
         .method_not_allowed_fallback(method_not_allowed)
         .fallback(storage::handle)
         .layer(axum::middleware::from_fn_with_state(

@@ -73,3 +73,12 @@ pub async fn token_status(
         Err(e) => ApiError::from(e).into_response(),
     }
 }
+
+/// `GET /signup_tokens/` without a token.
+pub async fn missing_token() -> Response {
+    ApiError::new(
+        ErrorCode::BadRequest,
+        "missing signup token: GET /signup_tokens/XXXX-XXXX-XXXX",
+    )
+    .into_response()
+}

@@ -69,6 +69,7 @@ pub enum PutOutcome {
     },
     Replayed,
     UnknownUser,
+    Disabled,
 }
 
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -151,6 +152,7 @@ pub enum CreateSessionOutcome {
     Created,
     Replayed,
     UnknownUser,
+    Disabled,
 }
 
 /// A signup token row.
@@ -235,6 +237,10 @@ pub trait MetadataStore: Send + Sync + 'static {
 
     /// Forgets sessions that expired before `before`.
     async fn purge_sessions(&self, before: i64) -> Result<u64, StoreError>;
+
+    /// Records the signature of a verified request that was refused, so it cannot be
+    /// replayed later when the refusal no longer applies. False when already seen.
+    async fn mark_signature(&self, mark: ReplayMark) -> Result<bool, StoreError>;
 
     /// Forgets replay marks that expired before `now`.
     async fn purge_replay_marks(&self, now: i64) -> Result<u64, StoreError>;

@@ -393,10 +393,17 @@ impl MetadataStore for SqliteStore {
             ),
             None => (None, 0, entry.now),
         };
+        if user.disabled {
+            // Keep the replay mark: the verified request must not succeed later.
+            tx.commit().await.map_err(map_err)?;
+            return Ok(PutOutcome::Disabled);
+        }
         let quota = user.quota_bytes.unwrap_or(entry.default_quota);
         let new_used = user.used_bytes.saturating_sub(old_size) + entry.size;
         if quota != 0 && entry.size > old_size && new_used > quota {
-            // Dropping the transaction rolls back the replay mark too: nothing happened.
+            // Commit only the replay mark: a replay after space is freed must not
+            // bring this write back.
+            tx.commit().await.map_err(map_err)?;
             return Ok(PutOutcome::QuotaExceeded {
                 used: user.used_bytes,
                 quota,
@@ -496,13 +503,19 @@ impl MetadataStore for SqliteStore {
         if !mark_signature(&mut tx, replay).await.map_err(map_err)? {
             return Ok(CreateSessionOutcome::Replayed);
         }
-        let user: Option<i64> = sqlx::query_scalar("SELECT 1 FROM users WHERE public_key = ?")
-            .bind(&session.user)
-            .fetch_optional(&mut *tx)
-            .await
-            .map_err(map_err)?;
-        if user.is_none() {
-            return Ok(CreateSessionOutcome::UnknownUser);
+        let disabled: Option<i64> =
+            sqlx::query_scalar("SELECT disabled FROM users WHERE public_key = ?")
+                .bind(&session.user)
+                .fetch_optional(&mut *tx)
+                .await
+                .map_err(map_err)?;
+        match disabled {
+            None => return Ok(CreateSessionOutcome::UnknownUser),
+            Some(d) if d != 0 => {
+                tx.commit().await.map_err(map_err)?;
+                return Ok(CreateSessionOutcome::Disabled);
+            }
+            Some(_) => {}
         }
         let capabilities = serde_json::to_string(&session.capabilities)
             .map_err(|e| StoreError::Internal(e.to_string()))?;
@@ -576,6 +589,13 @@ impl MetadataStore for SqliteStore {
             .await
             .map_err(map_err)?;
         Ok(found.is_some())
+    }
+
+    async fn mark_signature(&self, mark: ReplayMark) -> Result<bool, StoreError> {
+        let mut tx = self.writer.begin().await.map_err(map_err)?;
+        let fresh = mark_signature(&mut tx, mark).await.map_err(map_err)?;
+        tx.commit().await.map_err(map_err)?;
+        Ok(fresh)
     }
 
     async fn purge_replay_marks(&self, now: i64) -> Result<u64, StoreError> {

@@ -118,10 +118,9 @@ impl AccessControl {
                         ),
                     }
                 }
-                Err(e) => match host {
-                    Some(h) => return public(*h, path),
-                    None => return Err(e),
-                },
+                // Credentials that are present are checked: a failed token is an
+                // error even on a read that names a host.
+                Err(e) => return Err(e),
             },
             Credentials::Signed(h) => match host {
                 Some(host) if host != &h.public_key => return public(*host, path),

@@ -99,6 +99,9 @@ impl SessionService {
             CreateSessionOutcome::UnknownUser => Err(ServiceError::Forbidden(
                 "this key has not signed up on this homeserver".into(),
             )),
+            CreateSessionOutcome::Disabled => {
+                Err(ServiceError::Forbidden("account disabled".into()))
+            }
         }
     }
 

@@ -104,43 +104,34 @@ impl StorageService {
         S: Stream<Item = Result<Bytes, BodyError>> + Send + Unpin,
     {
         let max = self.limits.max_value_bytes;
-        if declared_len.is_some_and(|len| len > max) {
-            // Refused before reading: the signature cannot be checked without the body,
-            // but the answer reveals nothing about the account.
+        let too_large = declared_len.is_some_and(|len| len > max);
+        let WriteGrant { writer, refusal } = grant;
+        if too_large && matches!(writer, Writer::Signed { .. }) {
+            // Refused before reading: a signature cannot be checked without the body,
+            // and the answer reveals nothing about the account.
             return Err(ServiceError::PayloadTooLarge { limit: max });
         }
-        let WriteGrant { writer, refusal } = grant;
         let user = writer.user();
         let refusal = match refusal {
             Some(r) => Some(r),
-            None => {
-                let context = self.metadata.write_context(&user, path.as_str()).await?;
-                match &context.user {
-                    None => Some(not_signed_up()),
-                    Some(u) if u.disabled => Some(disabled()),
-                    Some(u) => declared_len.and_then(|len| {
-                        let quota = u.quota_bytes.unwrap_or(self.limits.quota_bytes);
-                        let old = context.existing_size.unwrap_or(0);
-                        let new_used = u.used_bytes.saturating_sub(old) + len;
-                        (quota != 0 && len > old && new_used > quota).then(|| {
-                            ServiceError::QuotaExceeded {
-                                used: u.used_bytes,
-                                quota,
-                                needed: len - old,
-                            }
-                        })
-                    }),
-                }
-            }
+            None => self.write_refusal(&user, path, declared_len).await?,
         };
         if let Some(refusal) = refusal {
             if let Writer::Signed { header, target } = &writer {
                 // Hash the body without storing it, so a forged request still gets 401
-                // (credentials come before permission and quota).
+                // (credentials come before permission and quota); then remember the
+                // signature, so the refused request cannot succeed on a replay later.
                 let streamed = stream_into(body, max, self.limits.body_idle_timeout, None).await?;
                 auth::verify(header, target, &streamed.sha256)?;
+                self.metadata
+                    .mark_signature(auth::replay_mark(header))
+                    .await?;
             }
             return Err(refusal);
+        }
+        if too_large {
+            // A session's permission is known without the body: 403 came first.
+            return Err(ServiceError::PayloadTooLarge { limit: max });
         }
 
         let blob_key = BlobStore::new_key(&user);
@@ -204,11 +195,37 @@ impl StorageService {
             },
             Ok(PutOutcome::Replayed) => auth::replayed(),
             Ok(PutOutcome::UnknownUser) => not_signed_up(),
+            Ok(PutOutcome::Disabled) => disabled(),
             Err(e) => e.into(),
         };
         // Nothing points at the new blob: drop it (a crash here leaves it to the sweep).
         self.delete_blob_later(blob_key);
         Err(error)
+    }
+
+    /// Why a write of `declared_len` bytes by `user` must be refused before its body is
+    /// read (not signed up, disabled, over quota), if it must.
+    async fn write_refusal(
+        &self,
+        user: &str,
+        path: &StoragePath,
+        declared_len: Option<u64>,
+    ) -> Result<Option<ServiceError>, ServiceError> {
+        let context = self.metadata.write_context(user, path.as_str()).await?;
+        Ok(match &context.user {
+            None => Some(not_signed_up()),
+            Some(u) if u.disabled => Some(disabled()),
+            Some(u) => declared_len.and_then(|len| {
+                let quota = u.quota_bytes.unwrap_or(self.limits.quota_bytes);
+                let old = context.existing_size.unwrap_or(0);
+                let new_used = u.used_bytes.saturating_sub(old) + len;
+                (quota != 0 && len > old && new_used > quota).then(|| ServiceError::QuotaExceeded {
+                    used: u.used_bytes,
+                    quota,
+                    needed: len - old,
+                })
+            }),
+        })
     }
 
     fn delete_blob_later(&self, key: String) {
@@ -291,14 +308,20 @@ impl StorageService {
             }
             Writer::Session(_) => None,
         };
-        if let Some(refusal) = refusal {
-            return Err(refusal);
-        }
         let user = writer.user();
-        match self.metadata.user(&user).await? {
-            None => return Err(not_signed_up()),
-            Some(u) if u.disabled => return Err(disabled()),
-            Some(_) => {}
+        let refusal = match refusal {
+            Some(r) => Some(r),
+            None => match self.metadata.user(&user).await? {
+                None => Some(not_signed_up()),
+                Some(u) if u.disabled => Some(disabled()),
+                Some(_) => None,
+            },
+        };
+        if let Some(refusal) = refusal {
+            if let Some(mark) = replay {
+                self.metadata.mark_signature(mark).await?;
+            }
+            return Err(refusal);
         }
         let now = now_secs();
         match self

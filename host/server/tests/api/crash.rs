@@ -225,7 +225,8 @@ async fn kill_during_uploads_leaves_store_consistent() {
             &key,
             Method::PUT,
             "/pub/after",
-            b"ok".to_vec(),
+            // Differs per round: an identical request in the same second is a replay.
+            format!("ok {round}").into_bytes(),
             now(),
         )
         .send()

@@ -463,3 +463,29 @@ async fn shutdown_ends_live_streams() {
     let (_, closed) = reader.await.unwrap();
     assert!(closed);
 }
+
+#[tokio::test]
+async fn last_event_id_resumes_a_reconnecting_event_source() {
+    let host = TestHost::start().await;
+    let alice = host.user().await;
+    for i in 0..5 {
+        host.put(&alice, &format!("/pub/{i}"), b"x").await;
+    }
+    let (all, _) = read_sse(
+        stream(&host, &format!("user={}", alice.public_key())).await,
+        None,
+        Duration::from_secs(5),
+    )
+    .await;
+    let r = host
+        .request(
+            Method::GET,
+            &format!("/events-stream?user={}", alice.public_key()),
+        )
+        .header("Last-Event-ID", all[2].1.cursor.to_string())
+        .send()
+        .await
+        .unwrap();
+    let (rest, _) = read_sse(r, None, Duration::from_secs(5)).await;
+    assert_eq!(rest, all[3..]);
+}

@@ -164,7 +164,13 @@ async fn quota_override_and_disable() {
     )
     .await;
     assert_eq!(info["storage_quota"], 100 * 1024 * 1024);
-    assert_eq!(host.put(&alice, "/pub/a", &[0; 11]).await.status(), 200);
+    // The refused request's signature was spent: sign the retry a second later.
+    let retry = host
+        .signed_at(&alice, Method::PUT, "/pub/a", &[0; 11], now() + 1)
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(retry.status(), 200);
 
     // Disabled: writes 403, reads still work; enabled again: writes work.
     let info: Value = expect_ok_json(
@@ -196,7 +202,13 @@ async fn quota_override_and_disable() {
             .unwrap(),
     )
     .await;
-    assert_eq!(host.put(&alice, "/pub/b", b"x").await.status(), 200);
+    // The refused write's signature is spent; a new one goes through.
+    let r = host
+        .signed_at(&alice, Method::PUT, "/pub/b", b"x", now() + 2)
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(r.status(), 200);
 }
 
 #[tokio::test]
@@ -484,9 +496,9 @@ async fn rate_limits_headers_429_and_recovery() {
         c.rate_limit.authenticated_per_minute = 5;
     })
     .await;
-    let alice = host.user().await; // one authenticated request
-    // Authenticated: 5 per key per minute, signup used one.
-    for expected in [3, 2, 1, 0] {
+    let alice = host.user().await; // signed up from the IP's bucket: not a user yet
+    // Authenticated: 5 per key per minute.
+    for expected in [4, 3, 2, 1, 0] {
         let r = host.get(&alice, "/pub/").await;
         assert_eq!(r.status(), 200);
         assert_eq!(r.headers()["x-ratelimit-limit"], "5");
@@ -710,6 +722,73 @@ async fn slow_clients_are_cut_off_and_do_not_block_others() {
         host.get(&alice, "/pub/slow").await,
         404,
         ErrorCode::NotFound,
+    )
+    .await;
+}
+
+#[tokio::test]
+async fn random_credentials_do_not_escape_the_ip_limit() {
+    let host = TestHost::start_with(|c| {
+        c.rate_limit.enabled = true;
+        c.rate_limit.anonymous_per_minute = 5;
+    })
+    .await;
+    let alice = Keypair::random();
+    let mut statuses = Vec::new();
+    for i in 0..8 {
+        // A fresh, validly signed key every time, and a random bearer token: neither is
+        // a signed-up user, so both count against the IP.
+        let stranger = Keypair::random();
+        let r = if i % 2 == 0 {
+            host.signed(&stranger, Method::GET, "/pub/x", b"")
+        } else {
+            host.request(Method::GET, "/pub/x")
+                .bearer_auth("random-token")
+        };
+        let r = r
+            .header("Pubky-Host", alice.public_key().to_z32())
+            .send()
+            .await
+            .unwrap();
+        statuses.push(r.status().as_u16());
+    }
+    assert!(statuses.contains(&429), "{statuses:?}");
+}
+
+#[tokio::test]
+async fn a_refused_signed_write_cannot_be_replayed_later() {
+    let host = TestHost::start_with(|c| c.storage.quota_bytes = 100).await;
+    let alice = host.user().await;
+    host.put(&alice, "/pub/fill", &[0; 80]).await;
+    let ts = now();
+    // Over quota: refused.
+    let r = host
+        .signed_at(&alice, Method::PUT, "/pub/profile", &[1; 50], ts)
+        .send()
+        .await
+        .unwrap();
+    expect_error(r, 507, ErrorCode::StorageQuotaExceeded).await;
+    // Space is freed; the same signed request sent again must not go through now.
+    assert_eq!(host.delete(&alice, "/pub/fill").await.status(), 200);
+    let r = host
+        .signed_at(&alice, Method::PUT, "/pub/profile", &[1; 50], ts)
+        .send()
+        .await
+        .unwrap();
+    expect_error(r, 401, ErrorCode::InvalidSignature).await;
+}
+
+#[tokio::test]
+async fn signup_token_check_without_a_token_is_400() {
+    let host =
+        TestHost::start_with(|c| c.signup.mode = homeserver::config::SignupMode::Token).await;
+    expect_error(
+        host.request(Method::GET, "/signup_tokens/")
+            .send()
+            .await
+            .unwrap(),
+        400,
+        ErrorCode::BadRequest,
     )
     .await;
 }

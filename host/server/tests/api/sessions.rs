@@ -628,3 +628,30 @@ async fn watcher_applies_an_edited_policy_to_owners() {
     );
     assert_eq!(host.put(&alice, "/pub/elsewhere", b"c").await.status(), 200);
 }
+
+#[tokio::test]
+async fn session_permission_comes_before_size() {
+    let host = TestHost::start_with(|c| c.storage.max_value_bytes = 10).await;
+    let alice = host.user().await;
+    let t = token(&host, &alice, &["write:/pub/app/"]).await;
+    // Outside the capability and too large: 403 (permission) before 413 (size).
+    let r = bearer(&host, &t, Method::PUT, "/pub/other")
+        .body(vec![0u8; 100])
+        .send()
+        .await
+        .unwrap();
+    expect_error(r, 403, ErrorCode::InsufficientPermissions).await;
+    let r = bearer(&host, &t, Method::PUT, "/pub/app/x")
+        .body(vec![0u8; 100])
+        .send()
+        .await
+        .unwrap();
+    expect_error(r, 413, ErrorCode::PayloadTooLarge).await;
+    // A failed token is an error even when the read names a host.
+    let r = bearer(&host, "unknown", Method::GET, "/pub/app/x")
+        .header("Pubky-Host", alice.public_key().to_z32())
+        .send()
+        .await
+        .unwrap();
+    expect_error(r, 401, ErrorCode::InvalidSignature).await;
+}
