@@ -42,6 +42,7 @@ pub async fn observe_and_limit(
         let credentials = credentials(request.headers());
         let target = target_of(request.uri());
         let caller = caller(&app, credentials, request.method().clone(), target, ip).await;
+        keyed = matches!(caller, Caller::Key(_));
         app.rate_limits
             .check(&caller)
             .map(|(d, scope)| (d, scope.as_str()))
