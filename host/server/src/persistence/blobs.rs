@@ -78,7 +78,10 @@ impl BlobStore {
             .map_err(|e| BlobError::Config(format!("creating {dir}: {e}")))?;
         let root = std::fs::canonicalize(dir)
             .map_err(|e| BlobError::Config(format!("opening {dir}: {e}")))?;
-        let store = LocalFileSystem::new_with_prefix(&root)?.with_automatic_cleanup(true);
+        // fsync: a blob is on disk before the entry that points at it commits.
+        let store = LocalFileSystem::new_with_prefix(&root)?
+            .with_automatic_cleanup(true)
+            .with_fsync(true);
         Ok(Self {
             store: Arc::new(store),
             local_root: Some(root),

@@ -40,9 +40,10 @@ impl SqliteStore {
             .map_err(|e| StoreError::Internal(format!("database url: {e}")))?
             .create_if_missing(true)
             .journal_mode(SqliteJournalMode::Wal)
-            // With WAL, NORMAL loses no committed transaction when the process dies
-            // (only on power loss), and saves an fsync per commit.
-            .synchronous(SqliteSynchronous::Normal)
+            // FULL: a commit is on disk before it is answered, so a power loss cannot
+            // take back a commit whose replaced blob was already deleted. (An fsync
+            // costs ~0.2 ms on the machines measured in docs/BENCHMARKS.md.)
+            .synchronous(SqliteSynchronous::Full)
             .foreign_keys(true)
             .busy_timeout(Duration::from_secs(5));
         if let Some(parent) = options.get_filename().parent()
