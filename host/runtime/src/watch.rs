@@ -1,20 +1,21 @@
-//! Watching the policies directory: a debounced (notify) watcher that reloads the
-//! runtime when a module, policies.toml or a data file changes. The reload runs on the
-//! watcher's thread, off the request path; unchanged slots are skipped by fingerprint,
-//! so a burst of events costs one cheap pass.
+//! Watching the policies directory: a notify watcher whose change events (not reads:
+//! a reload reads the files, and reacting to that would reload forever) are debounced on
+//! a thread of their own, which then reloads the runtime off the request path. Unchanged
+//! slots are skipped by fingerprint, so a burst of events costs one cheap pass.
 
 use std::path::{Path, PathBuf};
+use std::sync::mpsc::{self, RecvTimeoutError};
 use std::sync::{Arc, Weak};
+use std::time::Duration;
 
-use notify::{RecommendedWatcher, RecursiveMode};
-use notify_debouncer_mini::{DebounceEventResult, Debouncer, new_debouncer};
+use notify::{Event, EventKind, RecommendedWatcher, RecursiveMode, Watcher};
 
 use crate::error::RuntimeError;
 use crate::runtime::{PolicyRuntime, ReloadOutcome};
 
-/// Keeps the watcher alive; dropping it stops watching.
+/// Keeps the watcher alive; dropping it stops watching (and ends the debounce thread).
 pub struct WatchHandle {
-    _debouncer: Debouncer<RecommendedWatcher>,
+    _watcher: RecommendedWatcher,
     dir: PathBuf,
 }
 
@@ -26,54 +27,82 @@ impl std::fmt::Debug for WatchHandle {
     }
 }
 
+/// Whether an event says something changed (creation, modification, removal, rename);
+/// `Access` events (opened, read, closed without writing) never do.
+fn is_change(event: &Event) -> bool {
+    !matches!(event.kind, EventKind::Access(_))
+}
+
 impl PolicyRuntime {
     /// Starts watching the policies directory (which must exist). The watcher holds
     /// only a weak reference: it does not keep the runtime alive.
     pub fn watch(self: &Arc<Self>) -> Result<WatchHandle, RuntimeError> {
         let dir = self.config().policies_dir.clone();
         let cache_dir = self.config().cache_dir.clone();
+        let debounce = self.config().watch_debounce;
         let runtime: Weak<Self> = Arc::downgrade(self);
         let watch_error = |e: notify::Error| RuntimeError::Watch {
             path: dir.clone(),
             message: e.to_string(),
         };
-        let mut debouncer = new_debouncer(
-            self.config().watch_debounce,
-            move |result: DebounceEventResult| {
-                let events = match result {
-                    Ok(events) => events,
-                    Err(e) => {
-                        tracing::warn!("policies watcher: {e}");
-                        return;
-                    }
-                };
-                if !events
-                    .iter()
-                    .any(|e| relevant(&e.path, cache_dir.as_deref()))
+        let (changes, changed) = mpsc::channel::<()>();
+        let mut watcher =
+            notify::recommended_watcher(move |result: notify::Result<Event>| match result {
+                Ok(event)
+                    if is_change(&event)
+                        && event
+                            .paths
+                            .iter()
+                            .any(|p| relevant(p, cache_dir.as_deref())) =>
                 {
-                    return;
+                    let _ = changes.send(());
                 }
-                let Some(runtime) = runtime.upgrade() else {
-                    return;
-                };
-                tracing::info!("policies directory changed; reloading guests");
-                for slot in runtime.reload().slots {
-                    if let ReloadOutcome::Unchanged = slot.outcome {
-                        tracing::debug!(slot = %slot.slot, "guest unchanged");
-                    }
-                }
-            },
-        )
-        .map_err(watch_error)?;
-        debouncer
-            .watcher()
+                Ok(_) => {}
+                Err(e) => tracing::warn!("policies watcher: {e}"),
+            })
+            .map_err(watch_error)?;
+        watcher
             .watch(&dir, RecursiveMode::Recursive)
             .map_err(watch_error)?;
+        std::thread::Builder::new()
+            .name("policies-watch".into())
+            .spawn(move || debounce_and_reload(&changed, debounce, &runtime))
+            .map_err(|e| RuntimeError::Watch {
+                path: dir.clone(),
+                message: e.to_string(),
+            })?;
         tracing::info!(dir = %dir.display(), "watching the policies directory");
         Ok(WatchHandle {
-            _debouncer: debouncer,
+            _watcher: watcher,
             dir,
         })
+    }
+}
+
+/// Waits for a change, then for `quiet` without more, then reloads; ends when the
+/// watcher (the sender) is dropped or the runtime is gone.
+fn debounce_and_reload(
+    changed: &mpsc::Receiver<()>,
+    quiet: Duration,
+    runtime: &Weak<PolicyRuntime>,
+) {
+    while changed.recv().is_ok() {
+        loop {
+            match changed.recv_timeout(quiet) {
+                Ok(()) => continue,
+                Err(RecvTimeoutError::Timeout) => break,
+                Err(RecvTimeoutError::Disconnected) => return,
+            }
+        }
+        let Some(runtime) = runtime.upgrade() else {
+            return;
+        };
+        tracing::info!("policies directory changed; reloading guests");
+        for slot in runtime.reload().slots {
+            if let ReloadOutcome::Unchanged = slot.outcome {
+                tracing::debug!(slot = %slot.slot, "guest unchanged");
+            }
+        }
     }
 }
 
