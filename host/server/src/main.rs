@@ -28,7 +28,12 @@ async fn main() -> ExitCode {
         }
     };
     if cli.print_config {
-        match toml::to_string_pretty(&config) {
+        // The effective settings, without the one secret among them.
+        let mut shown = config.clone();
+        if !shown.admin.password.is_empty() {
+            shown.admin.password = "<set, not shown>".into();
+        }
+        match toml::to_string_pretty(&shown) {
             Ok(text) => {
                 print!("{text}");
                 return ExitCode::SUCCESS;
