@@ -47,89 +47,9 @@ CONNECT_RATE=${BENCH_FANOUT_CONNECT_RATE:-2000}
 TIMEOUT=${BENCH_FANOUT_TIMEOUT:-300}
 THREADS=${BENCH_THREADS:-}
 SKIP_BUILD=${BENCH_SKIP_BUILD:-0}
-SERVER_LOG=${BENCH_SERVER_LOG:-warn}
-KEEP_TMP=${BENCH_KEEP_TMP:-0}
-
-ROOT=$(cd "$(dirname "${BASH_SOURCE[0]}")/../.." && pwd)
-TARGET_DIR=${CARGO_TARGET_DIR:-$ROOT/target}
-LOAD=$TARGET_DIR/release/hs-load
-HOMESERVER=$TARGET_DIR/release/homeserver
-POLICIES_SRC=${BENCH_POLICIES_DIR:-$ROOT/policies}
-
-TMP=$(mktemp -d "${TMPDIR:-/tmp}/hs-bench-events.XXXXXX")
-PIDS=()
-USED_PORTS=" "
-PORT=
-ROWS=()
-FAILED=0
-
-log() { echo "bench-events: $*" >&2; }
-
-cleanup() {
-    local pid
-    for pid in "${PIDS[@]}"; do
-        kill "$pid" 2>/dev/null || true
-    done
-    for pid in "${PIDS[@]}"; do
-        wait "$pid" 2>/dev/null || true
-    done
-    if [[ $KEEP_TMP == 1 ]]; then
-        log "kept $TMP"
-    else
-        rm -rf "$TMP"
-    fi
-}
-trap cleanup EXIT
-trap 'exit 130' INT TERM
-
-# Stops one process started here (by its id) and forgets it.
-stop() {
-    local pid=$1 keep=() p
-    kill "$pid" 2>/dev/null || true
-    wait "$pid" 2>/dev/null || true
-    for p in "${PIDS[@]}"; do
-        [[ $p == "$pid" ]] || keep+=("$p")
-    done
-    PIDS=("${keep[@]}")
-}
-
-# Whether the homeserver's embedded defaults have a `[NAME]` section.
-has_section() { grep -q "^\[$1\]" "$ROOT/host/server/config.default.toml" 2>/dev/null; }
-
-port_open() { (exec 3<>"/dev/tcp/127.0.0.1/$1") 2>/dev/null; }
-
-# Sets PORT to a loopback port nobody listens on and not handed out before by this
-# script (a variable, not output: a $(...) subshell would forget USED_PORTS).
-free_port() {
-    local port
-    for _ in $(seq 1 200); do
-        port=$((20000 + RANDOM % 12000)) # below the usual ephemeral range (32768-)
-        if [[ $USED_PORTS != *" $port "* ]] && ! port_open "$port"; then
-            USED_PORTS+="$port "
-            PORT=$port
-            return 0
-        fi
-    done
-    log "no free port found"
-    return 1
-}
-
-# Waits until $2 accepts connections, failing early if process $1 died.
-wait_port() {
-    local pid=$1 port=$2 log_file=${3:-}
-    for _ in $(seq 1 300); do
-        if ! kill -0 "$pid" 2>/dev/null; then
-            log "process $pid exited before listening on $port"
-            [[ -n $log_file ]] && tail -n 30 "$log_file" >&2
-            return 1
-        fi
-        port_open "$port" && return 0
-        sleep 0.1
-    done
-    log "nothing listens on $port after 30 s"
-    [[ -n $log_file ]] && tail -n 30 "$log_file" >&2
-    return 1
-}
+BENCH_NAME=bench-events
+# shellcheck source=bench-common.sh
+source "$(dirname "${BASH_SOURCE[0]}")/bench-common.sh"
 
 # Starts a homeserver on a fresh data dir $1; sets SERVER_PID, SERVER_PORT, METRICS_PORT.
 start_server() {
