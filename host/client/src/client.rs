@@ -20,7 +20,9 @@ use bytes::Bytes;
 use homeserver_protocol::wire::{
     DeleteResult, ListEntry, ListResult, PutResult, SessionCreated, SessionRequest, SignupResult,
 };
-use homeserver_protocol::{AuthHeader, BodyHash, Keypair, PublicKey, StoragePath};
+use homeserver_protocol::{
+    AuthHeader, BodyHash, CONTENT_DIGEST_HEADER, Keypair, PublicKey, StoragePath,
+};
 use reqwest::header::{AUTHORIZATION, CONTENT_LENGTH, CONTENT_TYPE, IF_NONE_MATCH};
 use reqwest::{Method, Response, StatusCode};
 use serde_json::de::from_slice;
@@ -388,6 +390,10 @@ impl PkClient {
                 .http
                 .request(method.clone(), target.url.clone())
                 .header(AUTHORIZATION, auth.to_header_value())
+                // The body's hash up front: the server checks the signature before it
+                // reads the body, streams it straight to storage, and counts the
+                // request against this key's rate limit rather than the IP's.
+                .header(CONTENT_DIGEST_HEADER, body_hash.to_content_digest())
                 .header(CONTENT_TYPE, "application/octet-stream")
                 .header(CONTENT_LENGTH, len)
                 .body(body)

@@ -41,6 +41,14 @@ impl Recorded {
             unix_now(),
         )
         .expect("signature verifies against the request as received");
+        if matches!(self.method.as_str(), "PUT" | "POST") {
+            // Writes declare the body's hash so the server can check the signature first.
+            assert_eq!(
+                self.headers.get("content-digest"),
+                Some(&BodyHash::of(&self.body).to_content_digest()),
+                "a write carries the Content-Digest of its body"
+            );
+        }
         auth
     }
 }

@@ -14,7 +14,7 @@ use std::sync::Arc;
 use std::time::{SystemTime, UNIX_EPOCH};
 
 use bytes::Bytes;
-use homeserver_protocol::{AuthHeader, BodyHash, Keypair};
+use homeserver_protocol::{AuthHeader, BodyHash, CONTENT_DIGEST_HEADER, Keypair};
 use http_body_util::Full;
 use hyper::header::{AUTHORIZATION, CONTENT_TYPE, HOST, HeaderValue};
 use hyper::{Method, Request};
@@ -261,6 +261,13 @@ pub fn signed_request(
         .uri(target)
         .header(HOST, host.clone())
         .header(AUTHORIZATION, auth);
+    if matches!(
+        *builder.method_ref().unwrap_or(&Method::GET),
+        Method::PUT | Method::POST
+    ) {
+        // As pk does: the server checks the signature before reading the body.
+        builder = builder.header(CONTENT_DIGEST_HEADER, body_hash.to_content_digest());
+    }
     if !body.is_empty() {
         builder = builder.header(CONTENT_TYPE, "application/octet-stream");
     }

@@ -15,6 +15,10 @@ pub enum ErrorCode {
     NotFound,
     MethodNotAllowed,
     PayloadTooLarge,
+    /// The request target is longer than the server reads (414).
+    UriTooLong,
+    /// The request headers are larger than the server reads (431).
+    HeadersTooLarge,
     RateLimitExceeded,
     ServerError,
     ServiceUnavailable,
@@ -31,6 +35,8 @@ impl ErrorCode {
             ErrorCode::NotFound => 404,
             ErrorCode::MethodNotAllowed => 405,
             ErrorCode::PayloadTooLarge => 413,
+            ErrorCode::UriTooLong => 414,
+            ErrorCode::HeadersTooLarge => 431,
             ErrorCode::RateLimitExceeded => 429,
             ErrorCode::ServerError => 500,
             ErrorCode::ServiceUnavailable => 503,
@@ -48,6 +54,8 @@ impl ErrorCode {
             ErrorCode::NotFound => "not_found",
             ErrorCode::MethodNotAllowed => "method_not_allowed",
             ErrorCode::PayloadTooLarge => "payload_too_large",
+            ErrorCode::UriTooLong => "uri_too_long",
+            ErrorCode::HeadersTooLarge => "headers_too_large",
             ErrorCode::RateLimitExceeded => "rate_limit_exceeded",
             ErrorCode::ServerError => "server_error",
             ErrorCode::ServiceUnavailable => "service_unavailable",

@@ -20,4 +20,7 @@ pub use capability::{Action, Capability, CapabilityError};
 pub use error::{ErrorBody, ErrorCode};
 pub use keys::{Keypair, PublicKey, PublicKeyError};
 pub use path::{PathError, StoragePath};
-pub use signed_request::{AuthHeader, AuthHeaderError, BodyHash, MAX_CLOCK_SKEW_SECS, VerifyError};
+pub use signed_request::{
+    AuthHeader, AuthHeaderError, BodyHash, CONTENT_DIGEST_HEADER, ContentDigestError,
+    MAX_CLOCK_SKEW_SECS, VerifyError,
+};

@@ -44,6 +44,50 @@ impl BodyHash {
     pub fn to_hex(&self) -> String {
         hex::encode(self.0)
     }
+
+    /// The `Content-Digest` value (RFC 9530) declaring a body with this hash:
+    /// `sha-256=:<standard base64>:`.
+    pub fn to_content_digest(&self) -> String {
+        format!("sha-256=:{}:", STANDARD.encode(self.0))
+    }
+
+    /// The SHA-256 a `Content-Digest` value declares. Other algorithms in the same field
+    /// are ignored; a field without `sha-256` is an error, as is one that is not a
+    /// structured-field dictionary or whose `sha-256` is not 32 bytes.
+    pub fn from_content_digest(value: &str) -> Result<Self, ContentDigestError> {
+        let dictionary: sfv::Dictionary = sfv::Parser::new(value)
+            .parse()
+            .map_err(|e| ContentDigestError::Malformed(e.to_string()))?;
+        let entry = dictionary
+            .iter()
+            .find(|(key, _)| key.as_str() == "sha-256")
+            .map(|(_, entry)| entry)
+            .ok_or(ContentDigestError::NoSha256)?;
+        let bytes = match entry {
+            sfv::ListEntry::Item(item) => item.bare_item.as_byte_sequence(),
+            sfv::ListEntry::InnerList(_) => None,
+        }
+        .ok_or(ContentDigestError::NotBytes)?;
+        let hash: [u8; 32] = <[u8; 32]>::try_from(bytes)
+            .map_err(|_| ContentDigestError::WrongLength(bytes.len()))?;
+        Ok(Self(hash))
+    }
+}
+
+/// The header in which a client may declare its body's SHA-256 before sending the body,
+/// so the server checks the signature first (RFC 9530).
+pub const CONTENT_DIGEST_HEADER: &str = "content-digest";
+
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum ContentDigestError {
+    #[error("Content-Digest is not a structured-field dictionary: {0}")]
+    Malformed(String),
+    #[error("Content-Digest has no sha-256 member")]
+    NoSha256,
+    #[error("Content-Digest's sha-256 is not a byte sequence (:base64:)")]
+    NotBytes,
+    #[error("Content-Digest's sha-256 has {0} bytes; a SHA-256 has 32")]
+    WrongLength(usize),
 }
 
 impl fmt::Debug for BodyHash {
@@ -203,6 +247,36 @@ impl fmt::Debug for AuthHeader {
 
 #[cfg(test)]
 mod tests {
+    #[test]
+    fn content_digest_round_trips_and_refuses_what_is_not_a_sha256() {
+        let hash = BodyHash::of(b"hello");
+        let value = hash.to_content_digest();
+        assert_eq!(
+            value,
+            "sha-256=:LPJNul+wow4m6DsqxbninhsWHlwfp0JecwQzYpOLmCQ=:"
+        );
+        assert_eq!(BodyHash::from_content_digest(&value), Ok(hash));
+        // Other algorithms beside it are ignored (RFC 9530 allows several).
+        let both = format!("sha-512=:AAAA:, {value}");
+        assert_eq!(BodyHash::from_content_digest(&both), Ok(hash));
+        assert_eq!(
+            BodyHash::from_content_digest("sha-512=:AAAA:"),
+            Err(ContentDigestError::NoSha256)
+        );
+        assert_eq!(
+            BodyHash::from_content_digest("sha-256=:AAAA:"),
+            Err(ContentDigestError::WrongLength(3))
+        );
+        assert_eq!(
+            BodyHash::from_content_digest("sha-256=abc"),
+            Err(ContentDigestError::NotBytes)
+        );
+        assert!(matches!(
+            BodyHash::from_content_digest("sha-256=:not base64"),
+            Err(ContentDigestError::Malformed(_))
+        ));
+    }
+
     use super::*;
 
     const NOW: u64 = 1_700_000_000;

@@ -108,6 +108,7 @@ impl AppContext {
             max_value_bytes: config.storage.max_value_bytes,
             quota_bytes: config.storage.quota_bytes,
             body_idle_timeout: Duration::from_secs(config.http.body_idle_timeout_secs),
+            unproven_upload_memory_bytes: config.http.unproven_upload_memory_bytes,
         };
         let policy = Arc::new(load_policies(&config).await?);
         let entry_cache = Arc::new(EntryCache::default());
@@ -175,14 +176,15 @@ impl Homeserver {
         };
 
         let mut tasks = JoinSet::new();
-        let header_timeout = Duration::from_secs(config.http.header_read_timeout_secs);
+        let limits = connection_limits(config);
         let http_addr = http.1;
         tasks.spawn(serve::serve(
             "http",
             http.0,
             client_server::router(context.clone()),
             shutdown.clone(),
-            header_timeout,
+            limits,
+            context.metrics.open_connections("http"),
         ));
         tracing::info!(listener = "http", address = %http_addr, "listening");
         let admin_addr = admin.as_ref().map(|(_, a)| *a);
@@ -193,7 +195,8 @@ impl Homeserver {
                     listener,
                     admin_server::router(context.clone()),
                     shutdown.clone(),
-                    header_timeout,
+                    limits,
+                    context.metrics.open_connections("admin"),
                 ));
                 tracing::info!(listener = "admin", %address, "listening");
             }
@@ -206,7 +209,8 @@ impl Homeserver {
                 listener,
                 metrics_server::router(context.clone()),
                 shutdown.clone(),
-                header_timeout,
+                limits,
+                context.metrics.open_connections("metrics"),
             ));
             tracing::info!(listener = "metrics", %address, "listening");
         }
@@ -337,6 +341,40 @@ async fn reload_on_sighup(context: Arc<AppContext>, stop: CancellationToken) {
             }
             Err(e) => tracing::error!(error = %e, "policy reload panicked"),
         }
+    }
+}
+
+/// The connection limits of every listener. The file-descriptor soft limit is raised to
+/// the hard limit first (a connection is a descriptor; the default soft limit of 1024 on
+/// many systems would stop `accept` long before the connection limit), and the
+/// connection limit is lowered when the descriptors left would not cover it.
+fn connection_limits(config: &Config) -> serve::ConnectionLimits {
+    /// Descriptors kept for the database, blobs, guests and the other listeners.
+    const RESERVED_FDS: u64 = 256;
+    let mut max_connections = config.http.max_connections;
+    match rlimit::increase_nofile_limit(u64::MAX) {
+        Ok(fds) => {
+            // Three listeners share the descriptors.
+            let affordable = usize::try_from(fds.saturating_sub(RESERVED_FDS) / 3)
+                .unwrap_or(usize::MAX)
+                .max(16);
+            if affordable < max_connections {
+                tracing::warn!(
+                    open_files_limit = fds,
+                    configured = max_connections,
+                    using = affordable,
+                    "http.max_connections is above what the open-files limit allows; lowered \
+                     (raise the hard limit, e.g. LimitNOFILE= or ulimit -Hn)"
+                );
+                max_connections = affordable;
+            }
+        }
+        Err(e) => tracing::warn!(error = %e, "could not raise the open-files limit"),
+    }
+    serve::ConnectionLimits {
+        header_read_timeout: Duration::from_secs(config.http.header_read_timeout_secs),
+        idle_timeout: Duration::from_secs(config.http.idle_timeout_secs),
+        max_connections,
     }
 }
 

@@ -31,10 +31,17 @@ pub struct Config {
 pub struct HttpConfig {
     /// Address of the plain HTTP API listener.
     pub listen: SocketAddr,
-    /// Seconds a client has to send its request headers.
+    /// Seconds a client has to send a complete request head (of connecting, for the
+    /// first request; of the previous response, for later ones).
     pub header_read_timeout_secs: u64,
+    /// Seconds a kept-alive connection may have no request in flight before it is closed.
+    pub idle_timeout_secs: u64,
+    /// Open connections at most, per listener.
+    pub max_connections: usize,
     /// Seconds an upload may send no body bytes before it is dropped.
     pub body_idle_timeout_secs: u64,
+    /// Bytes all signed uploads without a declared digest may hold in memory at once.
+    pub unproven_upload_memory_bytes: usize,
 }
 
 #[derive(Debug, Clone, Serialize, Deserialize)]
@@ -220,11 +227,21 @@ impl Config {
                 )));
             }
         }
-        if self.http.header_read_timeout_secs == 0 || self.http.body_idle_timeout_secs == 0 {
-            return Err(ConfigError::Invalid(
-                "http.header_read_timeout_secs and http.body_idle_timeout_secs must be at least 1"
-                    .into(),
-            ));
+        for (key, value) in [
+            (
+                "http.header_read_timeout_secs",
+                self.http.header_read_timeout_secs,
+            ),
+            ("http.idle_timeout_secs", self.http.idle_timeout_secs),
+            (
+                "http.body_idle_timeout_secs",
+                self.http.body_idle_timeout_secs,
+            ),
+            ("http.max_connections", self.http.max_connections as u64),
+        ] {
+            if value == 0 {
+                return Err(ConfigError::Invalid(format!("{key} must be at least 1")));
+            }
         }
         if storage.max_value_bytes == 0 {
             return Err(ConfigError::Invalid(

@@ -11,7 +11,8 @@ use homeserver_runtime::PolicyRuntime;
 use prometheus::core::{Collector, Desc};
 use prometheus::proto::{Bucket, Counter, Histogram, LabelPair, Metric, MetricFamily, MetricType};
 use prometheus::{
-    Encoder, HistogramOpts, HistogramVec, IntCounterVec, IntGauge, Opts, Registry, TextEncoder,
+    Encoder, HistogramOpts, HistogramVec, IntCounterVec, IntGauge, IntGaugeVec, Opts, Registry,
+    TextEncoder,
 };
 
 pub struct Metrics {
@@ -22,6 +23,8 @@ pub struct Metrics {
     pub active_sessions: IntGauge,
     pub users: IntGauge,
     pub stream_subscribers: IntGauge,
+    pub unproven_upload_bytes: IntGauge,
+    open_connections: IntGaugeVec,
     rate_limited: IntCounterVec,
     window: Mutex<MinuteWindow>,
     started: Instant,
@@ -94,6 +97,14 @@ impl Metrics {
             "hs_event_stream_subscribers",
             "Open /events-stream connections.",
         )?;
+        let unproven_upload_bytes = IntGauge::new(
+            "hs_unproven_upload_bytes",
+            "Memory held by signed uploads whose signature is not checked yet.",
+        )?;
+        let open_connections = IntGaugeVec::new(
+            Opts::new("hs_open_connections", "Open connections, by listener."),
+            &["listener"],
+        )?;
         let rate_limited = IntCounterVec::new(
             Opts::new(
                 "hs_rate_limit_rejections_total",
@@ -108,6 +119,8 @@ impl Metrics {
         registry.register(Box::new(users.clone()))?;
         registry.register(Box::new(stream_subscribers.clone()))?;
         registry.register(Box::new(rate_limited.clone()))?;
+        registry.register(Box::new(unproven_upload_bytes.clone()))?;
+        registry.register(Box::new(open_connections.clone()))?;
         Ok(Self {
             registry,
             requests,
@@ -116,12 +129,19 @@ impl Metrics {
             active_sessions,
             users,
             stream_subscribers,
+            unproven_upload_bytes,
+            open_connections,
             rate_limited,
             window: Mutex::new(MinuteWindow {
                 buckets: [(0, 0); 60],
             }),
             started: Instant::now(),
         })
+    }
+
+    /// The open-connections gauge of one listener.
+    pub fn open_connections(&self, listener: &str) -> IntGauge {
+        self.open_connections.with_label_values(&[listener])
     }
 
     /// Lets other parts (the Wasm runtime) add their own collectors.

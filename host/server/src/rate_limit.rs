@@ -2,9 +2,12 @@
 //! callers per public key, the signup-token check per IP on its own (always on). The
 //! per-minute figure is also the burst. The admin server is never limited.
 //!
-//! A request uses its user's bucket only when its credentials prove a signed-up user
-//! (see `client_server::middleware`); everything else, bad credentials included, counts
-//! against the client IP.
+//! A request uses its user's bucket only when its signature is proven before anything
+//! else is done for it and its key signed up, and a session's own bucket only when the
+//! session is valid (see `client_server::middleware`); everything else (no credentials,
+//! bad ones, or a signed upload whose body must be read before its signature can be
+//! checked) counts against the client IP. So nobody can spend another user's bucket
+//! without that user's key.
 
 use std::net::{IpAddr, SocketAddr};
 use std::num::NonZeroU32;
@@ -28,7 +31,11 @@ type Keyed<K> = RateLimiter<
 #[derive(Debug, Clone, PartialEq, Eq, Hash)]
 pub enum Caller {
     Ip(IpAddr),
+    /// A signed-up user whose signature was checked (z-base-32 key).
     Key(String),
+    /// A valid session, by the SHA-256 of its token: an app's session has a bucket of
+    /// its own, so it cannot use up its owner's.
+    Session([u8; 32]),
 }
 
 /// The outcome of a check, with what the `X-RateLimit-*` headers say.
@@ -114,7 +121,7 @@ impl<K: std::hash::Hash + Eq + Clone> Limit<K> {
 pub struct RateLimits {
     enabled: bool,
     anonymous: Limit<IpAddr>,
-    authenticated: Limit<String>,
+    authenticated: Limit<Caller>,
     token_check: Limit<IpAddr>,
     trusted_proxies: Vec<IpAddr>,
 }
@@ -148,15 +155,10 @@ impl RateLimits {
         }
         Some(match caller {
             Caller::Ip(ip) => (self.anonymous.check(ip), Scope::Anonymous),
-            Caller::Key(key) => (self.authenticated.check(key), Scope::Authenticated),
+            Caller::Key(_) | Caller::Session(_) => {
+                (self.authenticated.check(caller), Scope::Authenticated)
+            }
         })
-    }
-
-    /// Charges a request whose credentials failed to its IP.
-    pub fn charge_failed_auth(&self, ip: IpAddr) {
-        if self.enabled {
-            let _ = self.anonymous.check(&ip);
-        }
     }
 
     /// The signup-token check's own limit, on even when the others are off.
@@ -232,6 +234,14 @@ mod tests {
         let (d, scope) = limits.check(&Caller::Key("k".into())).unwrap();
         assert!(d.allowed);
         assert_eq!((scope, d.limit), (Scope::Authenticated, 30));
+        // A session's bucket is not its owner's.
+        let key = Caller::Key("owner".into());
+        for _ in 0..30 {
+            assert!(limits.check(&key).unwrap().0.allowed);
+        }
+        assert!(!limits.check(&key).unwrap().0.allowed);
+        let (d, _) = limits.check(&Caller::Session([7; 32])).unwrap();
+        assert!(d.allowed);
     }
 
     #[test]

@@ -52,6 +52,7 @@ impl From<ServiceError> for ApiError {
                     "a backing store is unavailable; retry later",
                 )
             }
+            ServiceError::Busy(message) => ErrorBody::new(ErrorCode::ServiceUnavailable, message),
             ServiceError::Internal(cause) => {
                 tracing::error!(%cause, "internal error");
                 ErrorBody::new(ErrorCode::ServerError, "internal server error")

@@ -4,7 +4,7 @@
 
 use axum::http::request::Parts;
 use axum::http::{HeaderMap, Method, Uri, header};
-use homeserver_protocol::{AuthHeader, ErrorCode, PublicKey};
+use homeserver_protocol::{AuthHeader, BodyHash, CONTENT_DIGEST_HEADER, ErrorCode, PublicKey};
 
 use super::error::ApiError;
 use crate::service::auth::{Credentials, SignedTarget};
@@ -21,6 +21,8 @@ pub struct RequestInfo {
     pub target: String,
     pub credentials: Credentials,
     pub host: Option<PublicKey>,
+    /// The body's SHA-256 as declared in `Content-Digest`, if sent.
+    pub declared_body: Option<BodyHash>,
 }
 
 impl RequestInfo {
@@ -54,6 +56,19 @@ pub fn credentials(headers: &HeaderMap) -> Result<Credentials, ApiError> {
     AuthHeader::parse(value)
         .map(|h| Credentials::Signed(Box::new(h)))
         .map_err(|e| invalid(e.to_string()))
+}
+
+/// The body's SHA-256 that `Content-Digest` declares, if the header is there.
+pub fn declared_body(headers: &HeaderMap) -> Result<Option<BodyHash>, ApiError> {
+    let Some(value) = headers.get(CONTENT_DIGEST_HEADER) else {
+        return Ok(None);
+    };
+    let value = value
+        .to_str()
+        .map_err(|_| ApiError::new(ErrorCode::BadRequest, "Content-Digest is not ASCII"))?;
+    BodyHash::from_content_digest(value)
+        .map(Some)
+        .map_err(|e| ApiError::new(ErrorCode::BadRequest, e.to_string()))
 }
 
 pub fn host(headers: &HeaderMap, uri: &Uri) -> Result<Option<PublicKey>, ApiError> {
@@ -92,5 +107,6 @@ pub fn request_info(parts: &Parts) -> Result<RequestInfo, ApiError> {
         target: target_of(&parts.uri),
         credentials: credentials(&parts.headers)?,
         host: host(&parts.headers, &parts.uri)?,
+        declared_body: declared_body(&parts.headers)?,
     })
 }

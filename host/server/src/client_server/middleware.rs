@@ -5,14 +5,15 @@ use std::net::{IpAddr, Ipv4Addr, SocketAddr};
 use std::time::Instant;
 
 use axum::extract::{ConnectInfo, Request, State};
-use axum::http::{HeaderMap, HeaderValue, Method, StatusCode};
+use axum::http::request::Parts;
+use axum::http::{HeaderMap, HeaderValue, Method};
 use axum::middleware::Next;
 use axum::response::{IntoResponse, Response};
 use homeserver_protocol::{BodyHash, ErrorCode};
 
 use super::AppState;
 use super::error::ApiError;
-use super::extract::{credentials, target_of};
+use super::extract::{credentials, declared_body, target_of};
 use crate::rate_limit::{Caller, Decision};
 use crate::service::auth::{Credentials, check_fresh};
 use crate::service::now_secs;
@@ -22,7 +23,7 @@ const SIGNUP_TOKENS_PREFIX: &str = "/signup_tokens/";
 
 pub async fn observe_and_limit(
     State(app): State<AppState>,
-    request: Request,
+    mut request: Request,
     next: Next,
 ) -> Response {
     let started = Instant::now();
@@ -34,15 +35,12 @@ pub async fn observe_and_limit(
         .unwrap_or_else(|| SocketAddr::from((Ipv4Addr::LOCALHOST, 0)));
     let ip = app.rate_limits.client_ip(peer, request.headers());
 
-    let mut keyed = false;
     let limited = if request.uri().path().starts_with(SIGNUP_TOKENS_PREFIX) {
         Some((app.rate_limits.check_token_lookup(ip), "signup_token_check"))
     } else if app.rate_limits.enabled() {
-        // Taken out first: a borrowed request cannot be held across an await.
-        let credentials = credentials(request.headers());
-        let target = target_of(request.uri());
-        let caller = caller(&app, credentials, request.method().clone(), target, ip).await;
-        keyed = matches!(caller, Caller::Key(_));
+        let (parts, body) = request.into_parts();
+        let caller = caller(&app, &parts, ip).await;
+        request = Request::from_parts(parts, body);
         app.rate_limits
             .check(&caller)
             .map(|(d, scope)| (d, scope.as_str()))
@@ -66,11 +64,6 @@ pub async fn observe_and_limit(
         }
         _ => {
             let mut response = next.run(request).await;
-            // A key's bucket was used on the key's word (a PUT's signature is checked
-            // after the body): when it was false, charge the IP too.
-            if keyed && response.status() == StatusCode::UNAUTHORIZED {
-                app.rate_limits.charge_failed_auth(ip);
-            }
             if let Some((decision, _)) = limited {
                 rate_headers(response.headers_mut(), &decision);
             }
@@ -85,45 +78,38 @@ pub async fn observe_and_limit(
     response
 }
 
-/// Which bucket a request uses: its user's, when its credentials prove a signed-up user
-/// (a bodiless signed request is verified here; a PUT's or POST's signature covers a body
-/// not read yet, so a fresh, well-formed one is taken at its word and a failure is
-/// charged to the IP as well); otherwise its IP's. Keys are free to make, so an unknown
-/// key never gets a bucket of its own.
-async fn caller(
-    app: &AppState,
-    credentials: Result<Credentials, ApiError>,
-    method: Method,
-    target: String,
-    ip: IpAddr,
-) -> Caller {
-    let user = match credentials {
+/// Which bucket a request uses: its user's, when its signature is proven now (a
+/// bodiless request, or one whose body's SHA-256 is declared in `Content-Digest`) and the
+/// user signed up; a valid session's own; otherwise its IP's. A signed upload without a
+/// declared digest cannot be proven before its body is read, so it counts against the IP:
+/// charging the named key on the header's word would let anyone use up another user's
+/// bucket. Keys are free to make, so an unknown key never gets a bucket of its own.
+async fn caller(app: &AppState, request: &Parts, ip: IpAddr) -> Caller {
+    let method = &request.method;
+    match credentials(&request.headers) {
         Ok(Credentials::Signed(header)) if check_fresh(&header).is_ok() => {
-            let bodiless = matches!(method, Method::GET | Method::HEAD | Method::DELETE);
-            let verified = !bodiless
-                || header
-                    .verify(
-                        method.as_str(),
-                        &target,
-                        &BodyHash::empty(),
-                        u64::try_from(now_secs()).unwrap_or(0),
-                    )
-                    .is_ok();
-            verified.then(|| header.public_key.to_z32())
+            let body = if matches!(*method, Method::GET | Method::HEAD | Method::DELETE) {
+                Some(BodyHash::empty())
+            } else {
+                declared_body(&request.headers).ok().flatten()
+            };
+            let now = u64::try_from(now_secs()).unwrap_or(0);
+            let target = target_of(&request.uri);
+            let proven = body
+                .is_some_and(|body| header.verify(method.as_str(), &target, &body, now).is_ok());
+            let user = header.public_key.to_z32();
+            if proven && app.known_user(&user).await {
+                return Caller::Key(user);
+            }
         }
-        Ok(Credentials::Session(token)) => app
-            .access
-            .sessions()
-            .resolve(&token)
-            .await
-            .ok()
-            .map(|s| s.user),
-        _ => None,
-    };
-    match user {
-        Some(user) if app.known_user(&user).await => Caller::Key(user),
-        _ => Caller::Ip(ip),
+        Ok(Credentials::Session(token)) => {
+            if let Ok(session) = app.access.sessions().resolve(&token).await {
+                return Caller::Session(session.token_hash);
+            }
+        }
+        _ => {}
     }
+    Caller::Ip(ip)
 }
 
 fn rate_headers(headers: &mut HeaderMap, d: &Decision) {

@@ -8,6 +8,7 @@ pub mod middleware;
 pub mod session;
 pub mod signup;
 pub mod storage;
+pub mod unread_body;
 
 use std::sync::Arc;
 
@@ -40,6 +41,7 @@ pub fn router(app: AppState) -> Router {
             app.clone(),
             middleware::observe_and_limit,
         ))
+        .layer(axum::middleware::from_fn(unread_body::close_if_body_unread))
         .with_state(app)
 }
 

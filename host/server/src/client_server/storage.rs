@@ -186,7 +186,10 @@ async fn put(
     let stream = body
         .into_data_stream()
         .map_err(|e| BodyError(e.to_string()));
-    let result = app.storage.put(grant, &path, declared_len, stream).await?;
+    let result = app
+        .storage
+        .put(grant, &path, declared_len, info.declared_body, stream)
+        .await?;
     Ok(Json(result).into_response())
 }
 

@@ -46,6 +46,9 @@ async fn metrics(State(app): State<Arc<AppContext>>) -> Response {
     app.metrics
         .stream_subscribers
         .set(i64::try_from(app.events.subscribers()).unwrap_or(i64::MAX));
+    app.metrics
+        .unproven_upload_bytes
+        .set(i64::try_from(app.storage.unproven_upload_bytes()).unwrap_or(i64::MAX));
     match app.metrics.render() {
         Ok(text) => (
             [(

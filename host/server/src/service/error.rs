@@ -25,6 +25,10 @@ pub enum ServiceError {
     /// A backing store cannot be reached; the caller may retry.
     #[error("{0}")]
     Unavailable(String),
+    /// The server declines the request for now to protect itself (a bounded resource is
+    /// in use); the message says what to do, and the caller may retry.
+    #[error("{0}")]
+    Busy(String),
     /// A bug or an unexpected backend failure; logged, never shown to the caller.
     #[error("{0}")]
     Internal(String),

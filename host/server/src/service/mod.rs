@@ -5,6 +5,7 @@
 //! - [`access`]: who a request acts for and whether the capability policy lets it.
 //! - [`sessions`]: capability-limited bearer sessions.
 //! - [`storage`]: PUT, GET, DELETE and listing of entries.
+//! - [`upload_staging`]: bounded memory for uploads whose signature is not proven yet.
 //! - [`signup`]: registering users.
 //! - [`error`]: [`ServiceError`], mapped to HTTP once in `client_server::error`.
 
@@ -17,6 +18,7 @@ pub mod events;
 pub mod sessions;
 pub mod signup;
 pub mod storage;
+pub mod upload_staging;
 
 pub use error::ServiceError;
 

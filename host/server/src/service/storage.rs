@@ -1,10 +1,12 @@
 //! Entries: PUT, GET, DELETE and listing, with the size limit and per-user quota.
 //!
-//! The write path: every check that needs no body first (credentials' shape and age,
-//! registration, declared size, quota), then the body streams into a new blob while it
-//! is hashed (SHA-256 for the signature, BLAKE3 for the content hash) and counted, then
-//! the signature is verified, then one metadata transaction commits entry, usage, replay
-//! mark and event. The replaced blob is deleted only after that commit.
+//! The write path: every check that needs no body first (credentials' shape and age, the
+//! signature itself when the body's digest was declared, registration, declared size,
+//! quota), then the body streams into a new blob while it is hashed (SHA-256 for the
+//! signature, BLAKE3 for the content hash) and counted (a signed body without a declared
+//! digest is held in memory until its signature is checked, never written before), then
+//! one metadata transaction commits entry, usage, replay mark and event. The replaced
+//! blob is deleted only after that commit.
 
 use std::sync::Arc;
 
@@ -20,6 +22,7 @@ use super::access::{WriteGrant, Writer};
 use super::auth;
 use super::entry_cache::EntryCache;
 use super::events::EventHub;
+use super::upload_staging::{StagedBody, UploadStaging};
 use super::{ServiceError, now_secs};
 use crate::persistence::blobs::BlobError;
 use crate::persistence::metadata::{DeleteOutcome, EntryRange, EntryRecord, NewEntry, PutOutcome};
@@ -33,6 +36,8 @@ pub struct StorageLimits {
     pub quota_bytes: u64,
     /// An upload that sends nothing for this long is dropped.
     pub body_idle_timeout: std::time::Duration,
+    /// Memory all uploads whose signature is not proven yet may hold at once.
+    pub unproven_upload_memory_bytes: usize,
 }
 
 /// Listing page size when none is asked for, and the largest allowed.
@@ -62,6 +67,7 @@ pub struct StorageService {
     limits: StorageLimits,
     events: Arc<EventHub>,
     entry_cache: Arc<EntryCache>,
+    staging: UploadStaging,
 }
 
 /// The outcome of streaming a body somewhere.
@@ -82,6 +88,7 @@ impl StorageService {
         Self {
             metadata,
             blobs,
+            staging: UploadStaging::new(limits.unproven_upload_memory_bytes),
             limits,
             events,
             entry_cache,
@@ -92,69 +99,101 @@ impl StorageService {
         self.limits
     }
 
-    /// Stores a value. `declared_len` is the Content-Length, when the client sent one.
+    /// Memory held now by uploads whose signature is not checked yet.
+    pub fn unproven_upload_bytes(&self) -> usize {
+        self.staging.in_use()
+    }
+
+    /// Stores a value. `declared_len` is the Content-Length and `declared_sha256` the
+    /// body's SHA-256 from `Content-Digest`, when the client sent them.
+    ///
+    /// Nothing a request sends is written before its writer is proven: a session was
+    /// resolved by access control; a signed request is proven at once against a declared
+    /// digest, and otherwise after its body was read into bounded memory (see
+    /// `upload_staging`). Checks answer in the contract's order: credentials (401),
+    /// permission (403), size (413), quota (507).
     pub async fn put<S>(
         &self,
         grant: WriteGrant<'_>,
         path: &StoragePath,
         declared_len: Option<u64>,
+        declared_sha256: Option<BodyHash>,
         body: S,
     ) -> Result<PutResult, ServiceError>
     where
         S: Stream<Item = Result<Bytes, BodyError>> + Send + Unpin,
     {
         let max = self.limits.max_value_bytes;
+        let idle = self.limits.body_idle_timeout;
         let too_large = declared_len.is_some_and(|len| len > max);
         let WriteGrant { writer, refusal } = grant;
-        if too_large && matches!(writer, Writer::Signed { .. }) {
-            // Refused before reading: a signature cannot be checked without the body,
-            // and the answer reveals nothing about the account.
-            return Err(ServiceError::PayloadTooLarge { limit: max });
+        let mut proven = !matches!(writer, Writer::Signed { .. });
+        if let Writer::Signed { header, target } = &writer {
+            match &declared_sha256 {
+                Some(declared) => {
+                    auth::verify(header, target, declared)?;
+                    proven = true;
+                }
+                // Refused before reading: a signature cannot be checked without the
+                // body, and the answer reveals nothing about the account.
+                None if too_large => return Err(ServiceError::PayloadTooLarge { limit: max }),
+                None => {}
+            }
         }
         let user = writer.user();
         let refusal = match refusal {
             Some(r) => Some(r),
             None => self.write_refusal(&user, path, declared_len).await?,
         };
+        let refusal = match refusal {
+            // Size comes before quota.
+            Some(ServiceError::QuotaExceeded { .. }) | None if too_large => {
+                Some(ServiceError::PayloadTooLarge { limit: max })
+            }
+            other => other,
+        };
         if let Some(refusal) = refusal {
             if let Writer::Signed { header, target } = &writer {
-                // Hash the body without storing it, so a forged request still gets 401
-                // (credentials come before permission and quota); then remember the
-                // signature, so the refused request cannot succeed on a replay later.
-                let streamed = stream_into(body, max, self.limits.body_idle_timeout, None).await?;
-                auth::verify(header, target, &streamed.sha256)?;
+                if !proven {
+                    // Hash the body without keeping it, so a forged request still gets
+                    // 401 (credentials come before permission and quota).
+                    let streamed = stream_into(body, max, idle, Sink::Discard).await?;
+                    auth::verify(header, target, &streamed.sha256)?;
+                }
+                // Remember the signature, so the refused request cannot succeed on a
+                // replay later.
                 self.metadata
                     .mark_signature(auth::replay_mark(header))
                     .await?;
             }
             return Err(refusal);
         }
-        if too_large {
-            // A session's permission is known without the body: 403 came first.
-            return Err(ServiceError::PayloadTooLarge { limit: max });
-        }
 
         let blob_key = BlobStore::new_key(&user);
         let mut blob = self.blobs.writer(&blob_key);
-        let streamed =
-            match stream_into(body, max, self.limits.body_idle_timeout, Some(&mut blob)).await {
-                Ok(s) => s,
-                Err(e) => {
-                    blob.abort().await;
-                    return Err(e);
-                }
-            };
-        let replay = match &writer {
-            Writer::Signed { header, target } => {
-                if let Err(e) = auth::verify(header, target, &streamed.sha256) {
-                    blob.abort().await;
-                    return Err(e);
-                }
-                Some(auth::replay_mark(header))
+        let streamed = if proven {
+            stream_into(body, max, idle, Sink::Blob(&mut blob)).await
+        } else {
+            self.prove_then_write(&writer, body, &mut blob).await
+        };
+        let streamed = match streamed {
+            Ok(s) if declared_sha256.is_some_and(|d| d != s.sha256) => Err(
+                ServiceError::BadRequest("the body does not match its Content-Digest".into()),
+            ),
+            other => other,
+        };
+        let streamed = match streamed {
+            Ok(s) => s,
+            Err(e) => {
+                blob.abort().await;
+                return Err(e);
             }
-            Writer::Session(_) => None,
         };
         blob.finish().await?;
+        let replay = match &writer {
+            Writer::Signed { header, .. } => Some(auth::replay_mark(header)),
+            Writer::Session(_) => None,
+        };
 
         let now = now_secs();
         let outcome = self
@@ -201,6 +240,34 @@ impl StorageService {
         // Nothing points at the new blob: drop it (a crash here leaves it to the sweep).
         self.delete_blob_later(blob_key);
         Err(error)
+    }
+
+    /// A signed body without a declared digest: held in memory until the signature is
+    /// checked against it, and only then written to the blob.
+    async fn prove_then_write<S>(
+        &self,
+        writer: &Writer<'_>,
+        body: S,
+        blob: &mut crate::persistence::BlobWriter,
+    ) -> Result<Streamed, ServiceError>
+    where
+        S: Stream<Item = Result<Bytes, BodyError>> + Send + Unpin,
+    {
+        let mut staged = self.staging.stage();
+        let streamed = stream_into(
+            body,
+            self.limits.max_value_bytes,
+            self.limits.body_idle_timeout,
+            Sink::Memory(&mut staged),
+        )
+        .await?;
+        if let Writer::Signed { header, target } = writer {
+            auth::verify(header, target, &streamed.sha256)?;
+        }
+        for chunk in staged.chunks() {
+            blob.write(chunk.clone()).await?;
+        }
+        Ok(streamed)
     }
 
     /// Why a write of `declared_len` bytes by `user` must be refused before its body is
@@ -466,13 +533,20 @@ fn decode_cursor(cursor: &str, prefix: &str) -> Result<String, ServiceError> {
     Ok(path)
 }
 
-/// Streams `body` into `writer` (or nowhere), hashing and counting, refusing more than
-/// `max` bytes.
+/// Where a streamed body goes.
+enum Sink<'a> {
+    /// Only hashed and counted.
+    Discard,
+    Blob(&'a mut crate::persistence::BlobWriter),
+    Memory(&'a mut StagedBody),
+}
+
+/// Streams `body` into `sink`, hashing and counting, refusing more than `max` bytes.
 async fn stream_into<S>(
     mut body: S,
     max: u64,
     idle_timeout: std::time::Duration,
-    mut writer: Option<&mut crate::persistence::BlobWriter>,
+    mut sink: Sink<'_>,
 ) -> Result<Streamed, ServiceError>
 where
     S: Stream<Item = Result<Bytes, BodyError>> + Send + Unpin,
@@ -497,8 +571,10 @@ where
         }
         sha.update(&chunk);
         blake.update(&chunk);
-        if let Some(w) = writer.as_deref_mut() {
-            w.write(chunk).await?;
+        match &mut sink {
+            Sink::Discard => {}
+            Sink::Blob(w) => w.write(chunk).await?,
+            Sink::Memory(staged) => staged.push(chunk)?,
         }
     }
     Ok(Streamed {

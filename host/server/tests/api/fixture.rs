@@ -112,6 +112,35 @@ impl TestHost {
             .body(body.to_vec())
     }
 
+    /// A request signed by `key` now that declares its body's SHA-256 in
+    /// `Content-Digest`, as `pk` does: the server checks the signature before the body.
+    pub fn signed_with_digest(
+        &self,
+        key: &Keypair,
+        method: Method,
+        target: &str,
+        body: &[u8],
+    ) -> RequestBuilder {
+        self.signed(key, method, target, body)
+            .header("Content-Digest", BodyHash::of(body).to_content_digest())
+    }
+
+    /// The value of a metric series (`name` with its labels, as printed), if present.
+    pub async fn metric(&self, series: &str) -> Option<f64> {
+        let addr = self.server().metrics_addr()?;
+        let text = self
+            .http
+            .get(format!("http://{addr}/metrics"))
+            .send()
+            .await
+            .ok()?
+            .text()
+            .await
+            .ok()?;
+        text.lines()
+            .find_map(|line| line.strip_prefix(series)?.strip_prefix(' ')?.parse().ok())
+    }
+
     /// A new user, signed up.
     pub async fn user(&self) -> Keypair {
         let key = Keypair::random();
@@ -193,4 +222,24 @@ pub async fn raw_request(host: &TestHost, request: &str) -> String {
     let mut answer = Vec::new();
     stream.read_to_end(&mut answer).await.unwrap();
     String::from_utf8_lossy(&answer).into_owned()
+}
+
+/// Polls `condition` until it holds, failing the test after `deadline` (a bound on a
+/// wait, not a timing assertion: generous so a loaded machine passes).
+pub async fn eventually<F, Fut>(what: &str, deadline: std::time::Duration, mut condition: F)
+where
+    F: FnMut() -> Fut,
+    Fut: std::future::Future<Output = bool>,
+{
+    let until = std::time::Instant::now() + deadline;
+    loop {
+        if condition().await {
+            return;
+        }
+        assert!(
+            std::time::Instant::now() < until,
+            "timed out waiting for {what}"
+        );
+        tokio::time::sleep(std::time::Duration::from_millis(20)).await;
+    }
 }

@@ -4,6 +4,7 @@
 
 mod fixture;
 
+mod abuse;
 mod auth;
 mod concurrency;
 mod crash;

@@ -1,0 +1,248 @@
+//! The open connections of one listener: how many there may be, what each is doing, and
+//! which one gives way when the limit is reached.
+//!
+//! Every connection is registered while it is open, with the number of requests it has
+//! in flight, how many it has served, and when it was last active. At the limit a new
+//! connection takes the place of the one idle the longest (no request in flight: a
+//! client that connected and never spoke, or a kept-alive connection between requests),
+//! as nginx reuses idle keep-alive connections; only when every connection is busy is
+//! the new one refused. So clients that open connections and send nothing cannot keep
+//! anyone else out, however many they open.
+
+use std::collections::HashMap;
+use std::pin::Pin;
+use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
+use std::sync::{Arc, Mutex, MutexGuard};
+use std::task::{Context, Poll};
+use std::time::{Duration, Instant};
+
+use bytes::Bytes;
+use http_body::{Body, Frame, SizeHint};
+use tokio_util::sync::CancellationToken;
+
+/// The registry of one listener's connections.
+pub struct Connections {
+    max: usize,
+    gauge: prometheus::IntGauge,
+    /// The time origin of `last_active` stamps.
+    origin: Instant,
+    next_id: AtomicU64,
+    open: Mutex<HashMap<u64, Arc<ConnectionState>>>,
+}
+
+/// What the registry knows of one connection, shared with its task.
+pub struct ConnectionState {
+    origin: Instant,
+    in_flight: AtomicUsize,
+    served: AtomicU64,
+    /// Milliseconds since the registry's origin.
+    last_active_ms: AtomicU64,
+    /// Cancelled when the connection must close to make room.
+    evicted: CancellationToken,
+}
+
+impl ConnectionState {
+    fn new(origin: Instant) -> Self {
+        let state = Self {
+            origin,
+            in_flight: AtomicUsize::new(0),
+            served: AtomicU64::new(0),
+            last_active_ms: AtomicU64::new(0),
+            evicted: CancellationToken::new(),
+        };
+        state.touch();
+        state
+    }
+
+    fn touch(&self) {
+        let ms = u64::try_from(self.origin.elapsed().as_millis()).unwrap_or(u64::MAX);
+        self.last_active_ms.store(ms, Ordering::Relaxed);
+    }
+
+    /// Marks a request as started; the guard marks it finished when dropped (after its
+    /// response body was sent in full, or abandoned).
+    pub fn request_started(self: &Arc<Self>) -> InFlight {
+        self.in_flight.fetch_add(1, Ordering::AcqRel);
+        self.served.fetch_add(1, Ordering::Relaxed);
+        self.touch();
+        InFlight(self.clone())
+    }
+
+    /// Whether no request is in flight.
+    pub fn is_idle(&self) -> bool {
+        self.in_flight.load(Ordering::Acquire) == 0
+    }
+
+    /// Requests this connection has started so far.
+    pub fn served(&self) -> u64 {
+        self.served.load(Ordering::Relaxed)
+    }
+
+    /// How long since a request started or finished (or the connection opened).
+    pub fn idle_for(&self) -> Duration {
+        let now = self.origin.elapsed();
+        let last = Duration::from_millis(self.last_active_ms.load(Ordering::Relaxed));
+        now.saturating_sub(last)
+    }
+
+    /// Resolves when the registry wants this connection closed.
+    pub fn evicted(&self) -> &CancellationToken {
+        &self.evicted
+    }
+}
+
+/// A request in flight on a connection.
+pub struct InFlight(Arc<ConnectionState>);
+
+impl Drop for InFlight {
+    fn drop(&mut self) {
+        self.0.touch();
+        self.0.in_flight.fetch_sub(1, Ordering::AcqRel);
+    }
+}
+
+/// A connection's place in the registry, given up when dropped.
+pub struct Admitted {
+    registry: Arc<Connections>,
+    id: u64,
+    pub state: Arc<ConnectionState>,
+}
+
+impl Drop for Admitted {
+    fn drop(&mut self) {
+        let mut open = self.registry.lock();
+        open.remove(&self.id);
+        self.registry.gauge.set(open.len() as i64);
+    }
+}
+
+impl Connections {
+    /// A registry of at most `max` connections whose count `gauge` shows.
+    pub fn new(max: usize, gauge: prometheus::IntGauge) -> Arc<Self> {
+        Arc::new(Self {
+            max: max.max(1),
+            gauge,
+            origin: Instant::now(),
+            next_id: AtomicU64::new(0),
+            open: Mutex::new(HashMap::new()),
+        })
+    }
+
+    fn lock(&self) -> MutexGuard<'_, HashMap<u64, Arc<ConnectionState>>> {
+        // A panic while holding this lock leaves the map intact (inserts and removes
+        // only), so a poisoned lock is still usable.
+        self.open.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    /// Open connections.
+    #[cfg(test)]
+    fn len(&self) -> usize {
+        self.lock().len()
+    }
+
+    /// Registers a new connection. At the limit the longest-idle connection is told to
+    /// close and gives its place; `None` when every open connection is busy.
+    pub fn admit(self: &Arc<Self>) -> Option<Admitted> {
+        let mut open = self.lock();
+        if open.len() >= self.max {
+            let victim = open
+                .iter()
+                .filter(|(_, c)| c.is_idle() && !c.evicted.is_cancelled())
+                .max_by_key(|(_, c)| c.idle_for())
+                .map(|(id, _)| *id)?;
+            if let Some(state) = open.remove(&victim) {
+                state.evicted.cancel();
+            }
+        }
+        let id = self.next_id.fetch_add(1, Ordering::Relaxed);
+        let state = Arc::new(ConnectionState::new(self.origin));
+        open.insert(id, state.clone());
+        self.gauge.set(open.len() as i64);
+        Some(Admitted {
+            registry: self.clone(),
+            id,
+            state,
+        })
+    }
+}
+
+/// A response body that keeps its request counted as in flight until the body is sent
+/// in full (an event stream stays in flight while it is open).
+pub struct TrackedBody<B> {
+    inner: B,
+    _in_flight: InFlight,
+}
+
+impl<B> TrackedBody<B> {
+    pub fn new(inner: B, in_flight: InFlight) -> Self {
+        Self {
+            inner,
+            _in_flight: in_flight,
+        }
+    }
+}
+
+impl<B> Body for TrackedBody<B>
+where
+    B: Body<Data = Bytes> + Unpin,
+{
+    type Data = Bytes;
+    type Error = B::Error;
+
+    fn poll_frame(
+        mut self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+    ) -> Poll<Option<Result<Frame<Self::Data>, Self::Error>>> {
+        Pin::new(&mut self.inner).poll_frame(cx)
+    }
+
+    fn is_end_stream(&self) -> bool {
+        self.inner.is_end_stream()
+    }
+
+    fn size_hint(&self) -> SizeHint {
+        self.inner.size_hint()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn gauge() -> prometheus::IntGauge {
+        prometheus::IntGauge::new("open", "test").unwrap()
+    }
+
+    #[test]
+    fn admits_up_to_the_limit_then_evicts_the_longest_idle() {
+        let registry = Connections::new(2, gauge());
+        let first = registry.admit().expect("room");
+        std::thread::sleep(Duration::from_millis(5));
+        let second = registry.admit().expect("room");
+        assert_eq!(registry.len(), 2);
+        assert_eq!(registry.gauge.get(), 2);
+
+        let third = registry.admit().expect("an idle connection gives way");
+        assert!(first.state.evicted().is_cancelled(), "the oldest idle goes");
+        assert!(!second.state.evicted().is_cancelled());
+        assert_eq!(registry.len(), 2);
+        drop(first); // its task ends; the registry already forgot it
+        assert_eq!(registry.len(), 2);
+        drop((second, third));
+        assert_eq!(registry.len(), 0);
+    }
+
+    #[test]
+    fn busy_connections_are_never_evicted() {
+        let registry = Connections::new(1, gauge());
+        let busy = registry.admit().expect("room");
+        let request = busy.state.request_started();
+        assert!(registry.admit().is_none(), "the only connection is busy");
+        assert!(!busy.state.evicted().is_cancelled());
+        drop(request);
+        assert!(busy.state.is_idle());
+        assert_eq!(busy.state.served(), 1);
+        let _next = registry.admit().expect("idle again");
+        assert!(busy.state.evicted().is_cancelled());
+    }
+}

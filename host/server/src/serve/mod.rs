@@ -1,0 +1,218 @@
+//! Serving one listener: accept, register the connection (at most `max_connections`,
+//! the longest-idle giving way at the limit), serve HTTP/1.1 and HTTP/2, and on shutdown
+//! stop accepting, then let open connections finish.
+//!
+//! Every connection runs under deadlines, so a client can hold one only while it is
+//! using it: the first complete request head must arrive within `header_read_timeout`
+//! of the accept (this covers the protocol preface, which hyper reads with no timeout,
+//! and an HTTP/2 connection that sends its preface and settings but no request); later
+//! HTTP/1 heads have the same limit (hyper's header timeout); and a connection with no
+//! request in flight for `idle_timeout` is closed (HTTP/2 also pings its peer). A
+//! connection told to close that does not finish within [`CLOSE_GRACE`] is dropped.
+
+mod connections;
+mod parse_error_body;
+
+use std::convert::Infallible;
+use std::net::SocketAddr;
+use std::sync::atomic::Ordering;
+use std::time::{Duration, Instant};
+
+use axum::Router;
+use axum::body::Body;
+use axum::extract::ConnectInfo;
+use hyper::body::Incoming;
+use hyper_util::rt::{TokioExecutor, TokioIo, TokioTimer};
+use hyper_util::server::conn::auto;
+use tokio::net::{TcpListener, TcpStream};
+use tokio_util::sync::CancellationToken;
+use tokio_util::task::TaskTracker;
+use tower::ServiceExt;
+
+use connections::{Admitted, Connections, TrackedBody};
+use parse_error_body::{Dispatched, ParseErrorBody};
+
+/// How long shutdown waits for open connections before giving up on them.
+const DRAIN_TIMEOUT: Duration = Duration::from_secs(30);
+/// How long a connection told to close (idle, evicted) may take to finish.
+const CLOSE_GRACE: Duration = Duration::from_secs(5);
+/// HTTP/2: streams one connection may have open at once.
+const H2_MAX_CONCURRENT_STREAMS: u32 = 128;
+/// HTTP/2: the largest header list a request may send.
+const H2_MAX_HEADER_LIST_BYTES: u32 = 64 * 1024;
+/// HTTP/2: how long a ping may go unanswered before the connection is closed.
+const H2_PING_TIMEOUT: Duration = Duration::from_secs(20);
+
+/// The deadlines and limits of a listener's connections.
+#[derive(Debug, Clone, Copy)]
+pub struct ConnectionLimits {
+    /// From accept to the first complete request head, and for each later HTTP/1 head.
+    pub header_read_timeout: Duration,
+    /// A connection with no request in flight for this long is closed.
+    pub idle_timeout: Duration,
+    /// Open connections at most.
+    pub max_connections: usize,
+}
+
+pub async fn serve(
+    name: &'static str,
+    listener: TcpListener,
+    router: Router,
+    stop: CancellationToken,
+    limits: ConnectionLimits,
+    open_connections: prometheus::IntGauge,
+) {
+    let registry = Connections::new(limits.max_connections, open_connections);
+    let tracker = TaskTracker::new();
+    let mut builder = auto::Builder::new(TokioExecutor::new());
+    builder
+        .http1()
+        .timer(TokioTimer::new())
+        .header_read_timeout(limits.header_read_timeout);
+    builder
+        .http2()
+        .timer(TokioTimer::new())
+        .keep_alive_interval(limits.idle_timeout / 2)
+        .keep_alive_timeout(H2_PING_TIMEOUT)
+        .max_concurrent_streams(H2_MAX_CONCURRENT_STREAMS)
+        .max_header_list_size(H2_MAX_HEADER_LIST_BYTES);
+    let mut refused_logged = Instant::now() - Duration::from_secs(60);
+    loop {
+        let (tcp, peer) = tokio::select! {
+            _ = stop.cancelled() => break,
+            accepted = listener.accept() => match accepted {
+                Ok(pair) => pair,
+                Err(e) => {
+                    // Out of file descriptors and the like: back off instead of spinning.
+                    tracing::warn!(listener = name, error = %e, "accept failed");
+                    tokio::time::sleep(Duration::from_millis(50)).await;
+                    continue;
+                }
+            },
+        };
+        let Some(admitted) = registry.admit() else {
+            // Every connection is busy with a request: refuse this one (dropping it
+            // closes it) rather than exceed the limit.
+            if refused_logged.elapsed() > Duration::from_secs(10) {
+                refused_logged = Instant::now();
+                tracing::warn!(
+                    listener = name,
+                    max_connections = limits.max_connections,
+                    "connection limit reached with every connection busy; refusing new ones"
+                );
+            }
+            continue;
+        };
+        // Without it a response written in parts (headers, then a streamed body) waits
+        // ~40 ms for the peer's delayed ACK.
+        let _ = tcp.set_nodelay(true);
+        tracker.spawn(serve_connection(
+            name,
+            tcp,
+            peer,
+            router.clone(),
+            builder.clone(),
+            admitted,
+            limits,
+            stop.clone(),
+        ));
+    }
+    drop(listener);
+    tracker.close();
+    if tokio::time::timeout(DRAIN_TIMEOUT, tracker.wait())
+        .await
+        .is_err()
+    {
+        tracing::warn!(
+            listener = name,
+            "connections still open after {DRAIN_TIMEOUT:?}; closing"
+        );
+    }
+}
+
+#[allow(clippy::too_many_arguments)]
+async fn serve_connection(
+    name: &'static str,
+    tcp: TcpStream,
+    peer: SocketAddr,
+    router: Router,
+    builder: auto::Builder<TokioExecutor>,
+    admitted: Admitted,
+    limits: ConnectionLimits,
+    stop: CancellationToken,
+) {
+    let state = admitted.state.clone();
+    let dispatched = Dispatched::default();
+    let service = {
+        let state = state.clone();
+        let dispatched = dispatched.clone();
+        hyper::service::service_fn(move |mut request: hyper::Request<Incoming>| {
+            dispatched.store(true, Ordering::Release);
+            let in_flight = state.request_started();
+            request
+                .extensions_mut()
+                .insert(ConnectInfo::<SocketAddr>(peer));
+            let response = router.clone().oneshot(request.map(Body::new));
+            async move {
+                let response = response.await.unwrap_or_else(|e: Infallible| match e {});
+                Ok::<_, Infallible>(response.map(|body| TrackedBody::new(body, in_flight)))
+            }
+        })
+    };
+    let io = TokioIo::new(ParseErrorBody::new(tcp, dispatched));
+    let connection = builder.serve_connection_with_upgrades(io, service);
+    tokio::pin!(connection);
+
+    let opened = Instant::now();
+    let mut closing: Option<tokio::time::Instant> = None;
+    loop {
+        // The next moment a deadline may have passed.
+        let check_in = if state.served() == 0 {
+            limits.header_read_timeout.saturating_sub(opened.elapsed())
+        } else {
+            limits.idle_timeout.saturating_sub(state.idle_for())
+        }
+        .max(Duration::from_millis(10));
+        tokio::select! {
+            result = connection.as_mut() => {
+                if let Err(e) = result {
+                    tracing::debug!(listener = name, %peer, error = %e, "connection ended with an error");
+                }
+                break;
+            }
+            _ = state.evicted().cancelled(), if closing.is_none() => {
+                if state.served() == 0 {
+                    break; // never spoke: nothing to finish
+                }
+                connection.as_mut().graceful_shutdown();
+                closing = Some(tokio::time::Instant::now() + CLOSE_GRACE);
+            }
+            _ = stop.cancelled(), if closing.is_none() => {
+                connection.as_mut().graceful_shutdown();
+                closing = Some(tokio::time::Instant::now() + DRAIN_TIMEOUT);
+            }
+            _ = tokio::time::sleep(check_in), if closing.is_none() => {
+                if state.served() == 0 && opened.elapsed() >= limits.header_read_timeout {
+                    tracing::debug!(listener = name, %peer, "no request head in time; closing");
+                    break;
+                }
+                if state.served() > 0 && state.is_idle() && state.idle_for() >= limits.idle_timeout {
+                    connection.as_mut().graceful_shutdown();
+                    closing = Some(tokio::time::Instant::now() + CLOSE_GRACE);
+                }
+            }
+            _ = sleep_until_or_never(closing) => {
+                tracing::debug!(listener = name, %peer, "connection did not close in time; dropping it");
+                break;
+            }
+        }
+    }
+    drop(admitted);
+}
+
+async fn sleep_until_or_never(deadline: Option<tokio::time::Instant>) {
+    match deadline {
+        Some(at) => tokio::time::sleep_until(at).await,
+        None => std::future::pending().await,
+    }
+}
