@@ -14,8 +14,7 @@ use tokio_util::sync::CancellationToken;
 
 use crate::config::Config;
 use crate::metrics::Metrics;
-use crate::persistence::sqlite::SqliteStore;
-use crate::persistence::{BlobStore, MetadataStore};
+use crate::persistence::{self, BlobStore, MetadataStore};
 use crate::rate_limit::RateLimits;
 use crate::server_key;
 use crate::service::access::AccessControl;
@@ -75,7 +74,6 @@ pub struct AppContext {
     /// Users known to exist (a positive cache for rate limiting: keys are free to make,
     /// so only signed-up users get a bucket of their own).
     known_users: quick_cache::sync::Cache<String, ()>,
-    sqlite: Option<Arc<SqliteStore>>,
 }
 
 impl AppContext {
@@ -100,8 +98,8 @@ impl AppContext {
 
     /// Builds every store and service; `shutdown` ends live streams and background work.
     pub async fn build(config: Config, shutdown: CancellationToken) -> Result<Self, StartError> {
-        let sqlite = Arc::new(SqliteStore::open(&config.storage.database_url).await?);
-        let metadata: Arc<dyn MetadataStore> = sqlite.clone();
+        let metadata = persistence::open_metadata(&config.storage.database_url).await?;
+        tracing::info!(database = %config.storage.database_url, blobs = %config.storage.blobs, "storage");
         let blobs = BlobStore::open(&config.storage.blobs)?;
         let server_key = server_key::load_or_create(&config.keys.secret_key_file)?;
         let limits = StorageLimits {
@@ -139,7 +137,6 @@ impl AppContext {
             blobs,
             server_key,
             known_users: quick_cache::sync::Cache::new(100_000),
-            sqlite: Some(sqlite),
             config,
         })
     }
@@ -262,9 +259,7 @@ impl Homeserver {
     pub async fn shutdown(mut self) {
         self.shutdown.cancel();
         while self.tasks.join_next().await.is_some() {}
-        if let Some(sqlite) = &self.context.sqlite {
-            sqlite.close().await;
-        }
+        self.context.metadata.close().await;
     }
 
     /// Serves until SIGINT or SIGTERM, then shuts down gracefully.

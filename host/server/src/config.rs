@@ -9,6 +9,8 @@ use figment::Figment;
 use figment::providers::{Env, Format, Toml};
 use serde::{Deserialize, Serialize};
 
+use crate::persistence::{BlobsUrl, DatabaseUrl};
+
 /// The defaults, embedded at build time.
 pub const DEFAULT_CONFIG: &str = include_str!("../config.default.toml");
 
@@ -100,10 +102,15 @@ mod optional_addr {
 #[derive(Debug, Clone, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct StorageConfig {
-    /// `sqlite://PATH` for the metadata database.
-    pub database_url: String,
-    /// `file://DIR` for the blob store.
-    pub blobs: String,
+    /// The metadata database: `sqlite://PATH` or `postgres://USER:PASSWORD@HOST/DB`.
+    /// Printed and logged with its password replaced by `****`.
+    pub database_url: DatabaseUrl,
+    /// A file holding the database URL (e.g. a mounted secret); when set, its content
+    /// (trimmed) replaces `database_url`, so the password need not be in the config.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub database_url_file: Option<PathBuf>,
+    /// The blob store: `file://DIR`.
+    pub blobs: BlobsUrl,
     /// Per-user quota in bytes; 0 = unlimited.
     pub quota_bytes: u64,
     /// Largest value in bytes.
@@ -178,9 +185,10 @@ impl Config {
             figment = figment.merge(Toml::string(&text));
         }
         figment = figment.merge(Env::prefixed("HOMESERVER__").split("__"));
-        let config: Config = figment
+        let mut config: Config = figment
             .extract()
             .map_err(|e| ConfigError::Invalid(describe(e)))?;
+        config.read_secret_files()?;
         config.validate()?;
         Ok(config)
     }
@@ -192,20 +200,30 @@ impl Config {
             .expect("embedded default config is valid")
     }
 
+    /// Replaces settings that have a `*_file` variant with the file's content.
+    fn read_secret_files(&mut self) -> Result<(), ConfigError> {
+        let storage = &mut self.storage;
+        if let Some(path) = storage
+            .database_url_file
+            .as_ref()
+            .filter(|p| !p.as_os_str().is_empty())
+        {
+            let text = std::fs::read_to_string(path).map_err(|source| ConfigError::Read {
+                path: path.clone(),
+                source,
+            })?;
+            storage.database_url = DatabaseUrl::parse(&text).map_err(|e| {
+                ConfigError::Invalid(format!(
+                    "storage.database_url_file ({}): {e}",
+                    path.display()
+                ))
+            })?;
+        }
+        Ok(())
+    }
+
     fn validate(&self) -> Result<(), ConfigError> {
         let storage = &self.storage;
-        if !storage.database_url.starts_with("sqlite:") {
-            return Err(ConfigError::Invalid(format!(
-                "storage.database_url: `{}` is not supported (use sqlite://PATH)",
-                storage.database_url
-            )));
-        }
-        if !storage.blobs.starts_with("file://") {
-            return Err(ConfigError::Invalid(format!(
-                "storage.blobs: `{}` is not supported (use file://DIR)",
-                storage.blobs
-            )));
-        }
         let limits = &self.rate_limit;
         for (key, value) in [
             (
@@ -301,6 +319,39 @@ mod tests {
 
         let err = Config::load(Some(&dir.path().join("missing.toml"))).unwrap_err();
         assert!(err.to_string().contains("missing.toml"));
+    }
+
+    #[test]
+    fn database_url_from_a_file_and_never_printed() {
+        let dir = tempfile::tempdir().unwrap();
+        let secret = dir.path().join("database-url");
+        std::fs::write(&secret, "postgres://hs:pa55word@db.internal:5432/hs\n").unwrap();
+        let path = dir.path().join("c.toml");
+        std::fs::write(
+            &path,
+            format!("[storage]\ndatabase_url_file = \"{}\"\n", secret.display()),
+        )
+        .unwrap();
+        let c = Config::load(Some(&path)).unwrap();
+        assert_eq!(
+            c.storage.database_url.expose_secret(),
+            "postgres://hs:pa55word@db.internal:5432/hs"
+        );
+        let printed = toml::to_string_pretty(&c).unwrap();
+        assert!(!printed.contains("pa55word"), "{printed}");
+        assert!(printed.contains("hs:****@db.internal"), "{printed}");
+        assert!(!format!("{c:?}").contains("pa55word"));
+
+        std::fs::write(&secret, "mysql://x").unwrap();
+        let err = Config::load(Some(&path)).unwrap_err().to_string();
+        assert!(err.contains("database_url_file"), "{err}");
+        std::fs::remove_file(&secret).unwrap();
+        let err = Config::load(Some(&path)).unwrap_err().to_string();
+        assert!(err.contains("database-url"), "{err}");
+
+        std::fs::write(&path, "[storage]\nblobs = \"ftp://x\"\n").unwrap();
+        let err = Config::load(Some(&path)).unwrap_err().to_string();
+        assert!(err.contains("storage.blobs"), "{err}");
     }
 
     #[test]

@@ -15,9 +15,8 @@ use homeserver_protocol::{ErrorCode, PublicKey, StoragePath};
 use super::AppState;
 use super::error::ApiError;
 use super::extract::url_query_pairs;
-use crate::persistence::metadata::UserCursor;
 use crate::service::events::{
-    DEFAULT_FEED_LIMIT, MAX_FEED_LIMIT, MAX_STREAM_USERS, Subscription, to_wire,
+    DEFAULT_FEED_LIMIT, MAX_FEED_LIMIT, MAX_STREAM_USERS, Subscription, UserCursor, to_wire,
 };
 
 /// Idle streams get a comment line this often, so proxies keep them open.

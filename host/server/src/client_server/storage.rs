@@ -16,8 +16,7 @@ use homeserver_protocol::{ErrorCode, StoragePath};
 use super::AppState;
 use super::error::ApiError;
 use super::extract::{request_info, url_query_pairs};
-use crate::persistence::metadata::EntryRecord;
-use crate::service::storage::{BodyError, ListOptions};
+use crate::service::storage::{BodyError, EntryRecord, ListOptions};
 
 /// Every request no other route took: storage paths, or a JSON 404.
 pub async fn handle(State(app): State<AppState>, request: Request) -> Response {

@@ -20,6 +20,7 @@ use object_store::{ObjectStore, ObjectStoreExt};
 use tokio::io::AsyncWriteExt;
 
 use super::metadata::MetadataStore;
+use super::url::BlobsUrl;
 
 /// Bytes buffered before a blob write turns into a multipart upload. Small values are
 /// written with one `put`; large ones stream through in chunks of this size, so memory
@@ -70,14 +71,12 @@ pub struct BlobStore {
 
 impl BlobStore {
     /// Opens the store named by `url` (`file://DIR`, created if missing).
-    pub fn open(url: &str) -> Result<Self, BlobError> {
-        let dir = url
-            .strip_prefix("file://")
-            .ok_or_else(|| BlobError::Config(format!("unsupported blob store url `{url}`")))?;
+    pub fn open(url: &BlobsUrl) -> Result<Self, BlobError> {
+        let BlobsUrl::File(dir) = url;
         std::fs::create_dir_all(dir)
-            .map_err(|e| BlobError::Config(format!("creating {dir}: {e}")))?;
+            .map_err(|e| BlobError::Config(format!("creating {}: {e}", dir.display())))?;
         let root = std::fs::canonicalize(dir)
-            .map_err(|e| BlobError::Config(format!("opening {dir}: {e}")))?;
+            .map_err(|e| BlobError::Config(format!("opening {}: {e}", dir.display())))?;
         // fsync: a blob is on disk before the entry that points at it commits.
         let store = LocalFileSystem::new_with_prefix(&root)?
             .with_automatic_cleanup(true)

@@ -1,9 +1,36 @@
-//! The metadata store boundary. Every state change that must be atomic happens inside
-//! one call here (one transaction): a PUT's entry row, the owner's usage, the quota check,
-//! the replay mark and the event row commit together or not at all.
+//! The metadata store boundary: the records it trades in, the [`MetadataStore`] trait
+//! every backend implements (SQLite, PostgreSQL), and the contracts they all keep. The
+//! store conformance suite (`tests/api/store.rs`) checks each contract on every backend.
+//!
+//! Writes: a backend provides a [`WriteTx`], a transaction with primitive steps; the
+//! write procedures themselves (a PUT's replay mark, user lock, quota rule, entry,
+//! usage and event) are written once in [`super::rules`] and reached through
+//! [`MetadataWrites`], which no backend can override. So the rules live above the
+//! backends, in one place.
+//!
+//! Contracts every backend keeps:
+//! - **Atomic writes.** Everything one procedure does commits together or not at all;
+//!   a committed change and its event commit in the same transaction.
+//! - **Per-user serialized writes.** [`WriteTx::lock_user`] locks the user's row until
+//!   commit, so two writes of one user never interleave (quota checks and usage are
+//!   exact); writes of different users may run at the same time.
+//! - **Commit-ordered cursors.** Event cursors strictly increase in commit order: once
+//!   any reader has seen cursor N (through [`MetadataStore::events`] or
+//!   [`MetadataStore::latest_cursor`]), no event at or below N commits later. Gaps are
+//!   allowed (a rolled-back transaction may burn a cursor); a gap is never filled later.
+//! - **Replay-mark outcomes.** A procedure given a [`ReplayMark`] records it in its own
+//!   transaction; if the mark was already there the outcome is `Replayed` and nothing
+//!   changes. Every other outcome (applied or refused) commits the mark: a verified
+//!   signature is spent once decided, so a refused request cannot succeed on a replay
+//!   after the reason for its refusal is gone (space freed, user re-enabled).
+//! - **Failures are typed.** [`StoreError::Unavailable`] means the backend cannot be
+//!   reached or is overloaded (the caller may retry: 503); anything else is
+//!   [`StoreError::Internal`] (500).
 
 use async_trait::async_trait;
 use homeserver_protocol::event::EventKind;
+
+use super::rules;
 
 /// A user row.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -56,6 +83,17 @@ pub struct NewEntry<'a> {
     pub default_quota: u64,
 }
 
+/// A write that would take a user over their quota.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct QuotaExceeded {
+    /// Bytes the user stores now.
+    pub used: u64,
+    /// The quota in force.
+    pub quota: u64,
+    /// Bytes the write adds: its size minus the size of the value it replaces.
+    pub needed: u64,
+}
+
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum PutOutcome {
     Committed {
@@ -63,10 +101,7 @@ pub enum PutOutcome {
         /// The blob the entry pointed at before, now unreferenced.
         replaced_blob: Option<String>,
     },
-    QuotaExceeded {
-        used: u64,
-        quota: u64,
-    },
+    QuotaExceeded(QuotaExceeded),
     Replayed,
     UnknownUser,
     Disabled,
@@ -77,6 +112,8 @@ pub enum DeleteOutcome {
     Deleted { blob_key: String },
     NotFound,
     Replayed,
+    UnknownUser,
+    Disabled,
 }
 
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -86,6 +123,14 @@ pub enum SignupOutcome {
     Replayed,
     TokenUnknown,
     TokenUsed,
+}
+
+/// What redeeming a signup token found.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum TokenRedemption {
+    Redeemed,
+    Used,
+    Unknown,
 }
 
 /// A key range of one user's entries, bounds exclusive, in path order.
@@ -106,6 +151,16 @@ pub struct EventRecord {
     pub path: String,
     pub kind: EventKind,
     pub content_hash: Option<[u8; 32]>,
+}
+
+/// An event to append; the store assigns its cursor.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct NewEvent<'a> {
+    pub user: &'a str,
+    pub path: &'a str,
+    pub kind: EventKind,
+    pub content_hash: Option<[u8; 32]>,
+    pub created_at: i64,
 }
 
 /// One user of an event query and that user's own cursor bound (exclusive; 0 = none).
@@ -179,10 +234,137 @@ pub enum StoreError {
     Internal(String),
 }
 
+/// One write transaction: the primitive steps the procedures in [`super::rules`] are
+/// made of. Dropping it without [`commit`](WriteTx::commit) rolls it back.
+#[async_trait]
+pub trait WriteTx: Send {
+    /// Records a replay mark; false (and no change) when the signature is already there.
+    async fn insert_replay_mark(&mut self, mark: ReplayMark) -> Result<bool, StoreError>;
+
+    /// Reads a user's row and locks it against other writers until commit.
+    async fn lock_user(&mut self, public_key: &str) -> Result<Option<UserRecord>, StoreError>;
+
+    /// Creates a user; false (and no change) when the key exists already. Waits for a
+    /// concurrent transaction creating the same key to end.
+    async fn insert_user(
+        &mut self,
+        public_key: &str,
+        now: i64,
+        signup_token: Option<&str>,
+    ) -> Result<bool, StoreError>;
+
+    /// Deletes a user row and the user's sessions (entries must be gone already).
+    async fn delete_user(&mut self, public_key: &str) -> Result<(), StoreError>;
+
+    /// Sets a user's usage and last activity.
+    async fn set_usage(
+        &mut self,
+        public_key: &str,
+        used_bytes: u64,
+        last_activity: i64,
+    ) -> Result<(), StoreError>;
+
+    /// Marks an unused token used by `public_key`.
+    async fn redeem_signup_token(
+        &mut self,
+        token: &str,
+        public_key: &str,
+        now: i64,
+    ) -> Result<TokenRedemption, StoreError>;
+
+    async fn entry(&mut self, user: &str, path: &str) -> Result<Option<EntryRecord>, StoreError>;
+
+    /// Inserts or replaces an entry.
+    async fn put_entry(&mut self, user: &str, entry: &EntryRecord) -> Result<(), StoreError>;
+
+    /// Removes an entry, returning what it was.
+    async fn remove_entry(
+        &mut self,
+        user: &str,
+        path: &str,
+    ) -> Result<Option<EntryRecord>, StoreError>;
+
+    /// Removes every entry of a user, returning them in path order.
+    async fn remove_all_entries(&mut self, user: &str) -> Result<Vec<EntryRecord>, StoreError>;
+
+    async fn insert_session(&mut self, session: &SessionRecord) -> Result<(), StoreError>;
+
+    /// Appends events in the given order, assigning cursors in commit order. Call it as
+    /// the transaction's last step: a backend shared by several instances serializes
+    /// cursor assignment from here until commit.
+    async fn append_events(&mut self, events: &[NewEvent<'_>]) -> Result<(), StoreError>;
+
+    async fn commit(self: Box<Self>) -> Result<(), StoreError>;
+}
+
+/// What a metadata backend provides: reads, single-statement writes that need no rule,
+/// and [`WriteTx`] transactions for the rule-bearing writes of [`MetadataWrites`].
 #[async_trait]
 pub trait MetadataStore: Send + Sync + 'static {
+    /// The backend's name (`sqlite`, `postgres`), for logs and stats.
+    fn backend(&self) -> &'static str;
+
+    /// Starts a write transaction.
+    async fn begin_write(&self) -> Result<Box<dyn WriteTx>, StoreError>;
+
+    /// Closes connections, letting statements in flight finish (graceful shutdown).
+    async fn close(&self) {}
+
     async fn user(&self, public_key: &str) -> Result<Option<UserRecord>, StoreError>;
 
+    async fn write_context(&self, user: &str, path: &str) -> Result<WriteContext, StoreError>;
+
+    async fn entry(&self, user: &str, path: &str) -> Result<Option<EntryRecord>, StoreError>;
+
+    /// Entries within a range, at most `limit`.
+    async fn entries(&self, range: EntryRange<'_>) -> Result<Vec<EntryRecord>, StoreError>;
+
+    /// Whether any entry points at this blob.
+    async fn blob_referenced(&self, blob_key: &str) -> Result<bool, StoreError>;
+
+    async fn session(&self, token_hash: &[u8; 32]) -> Result<Option<SessionRecord>, StoreError>;
+
+    /// Revokes a session; false when there was none.
+    async fn delete_session(&self, token_hash: &[u8; 32]) -> Result<bool, StoreError>;
+
+    /// Sessions not yet expired at `now`.
+    async fn active_sessions(&self, now: i64) -> Result<u64, StoreError>;
+
+    /// Forgets sessions that expired before `before`.
+    async fn purge_sessions(&self, before: i64) -> Result<u64, StoreError>;
+
+    /// Forgets replay marks that expired before `now`.
+    async fn purge_replay_marks(&self, now: i64) -> Result<u64, StoreError>;
+
+    /// Latest event cursor (0 when there is none).
+    async fn latest_cursor(&self) -> Result<u64, StoreError>;
+
+    async fn events(&self, query: EventQuery<'_>) -> Result<Vec<EventRecord>, StoreError>;
+
+    async fn events_reverse(
+        &self,
+        query: ReverseEventQuery<'_>,
+    ) -> Result<Vec<EventRecord>, StoreError>;
+
+    /// Stores a new signup token; false when it exists already.
+    async fn create_signup_token(&self, token: &str, now: i64) -> Result<bool, StoreError>;
+
+    async fn signup_token(&self, token: &str) -> Result<Option<SignupTokenRecord>, StoreError>;
+
+    async fn stats(&self) -> Result<StoreStats, StoreError>;
+
+    /// Disables or enables a user; false when the user is unknown.
+    async fn set_user_disabled(&self, user: &str, disabled: bool) -> Result<bool, StoreError>;
+
+    /// Sets a user's quota override (None = the configured default); false when unknown.
+    async fn set_user_quota(&self, user: &str, quota: Option<u64>) -> Result<bool, StoreError>;
+}
+
+/// The rule-bearing writes, the same for every backend: each runs one procedure of
+/// [`super::rules`] in one [`WriteTx`] and commits whatever the outcome (see the
+/// replay-mark contract above). Implemented once for every [`MetadataStore`].
+#[async_trait]
+pub trait MetadataWrites {
     /// Signs a user up (idempotent for an existing user), redeeming `token` if given.
     async fn sign_up(
         &self,
@@ -191,13 +373,6 @@ pub trait MetadataStore: Send + Sync + 'static {
         now: i64,
         replay: ReplayMark,
     ) -> Result<SignupOutcome, StoreError>;
-
-    async fn write_context(&self, user: &str, path: &str) -> Result<WriteContext, StoreError>;
-
-    async fn entry(&self, user: &str, path: &str) -> Result<Option<EntryRecord>, StoreError>;
-
-    /// Entries within a range, at most `limit`.
-    async fn entries(&self, range: EntryRange<'_>) -> Result<Vec<EntryRecord>, StoreError>;
 
     /// Commits a PUT: replay mark (signed requests), quota-checked usage update, entry
     /// upsert and PUT event.
@@ -217,9 +392,6 @@ pub trait MetadataStore: Send + Sync + 'static {
         replay: Option<ReplayMark>,
     ) -> Result<DeleteOutcome, StoreError>;
 
-    /// Whether any entry points at this blob.
-    async fn blob_referenced(&self, blob_key: &str) -> Result<bool, StoreError>;
-
     /// Stores a session minted by a signed request (its replay mark commits with it).
     async fn create_session(
         &self,
@@ -227,49 +399,89 @@ pub trait MetadataStore: Send + Sync + 'static {
         replay: ReplayMark,
     ) -> Result<CreateSessionOutcome, StoreError>;
 
-    async fn session(&self, token_hash: &[u8; 32]) -> Result<Option<SessionRecord>, StoreError>;
-
-    /// Revokes a session; false when there was none.
-    async fn delete_session(&self, token_hash: &[u8; 32]) -> Result<bool, StoreError>;
-
-    /// Sessions not yet expired at `now`.
-    async fn active_sessions(&self, now: i64) -> Result<u64, StoreError>;
-
-    /// Forgets sessions that expired before `before`.
-    async fn purge_sessions(&self, before: i64) -> Result<u64, StoreError>;
-
-    /// Records the signature of a verified request that was refused, so it cannot be
-    /// replayed later when the refusal no longer applies. False when already seen.
+    /// Records the signature of a verified request that was refused before reaching a
+    /// procedure, so it cannot be replayed later. False when already seen.
     async fn mark_signature(&self, mark: ReplayMark) -> Result<bool, StoreError>;
 
-    /// Forgets replay marks that expired before `now`.
-    async fn purge_replay_marks(&self, now: i64) -> Result<u64, StoreError>;
-
-    /// Latest event cursor (0 when there is none).
-    async fn latest_cursor(&self) -> Result<u64, StoreError>;
-
-    async fn events(&self, query: EventQuery<'_>) -> Result<Vec<EventRecord>, StoreError>;
-
-    /// Stores a new signup token; false when it exists already.
-    async fn create_signup_token(&self, token: &str, now: i64) -> Result<bool, StoreError>;
-
-    async fn signup_token(&self, token: &str) -> Result<Option<SignupTokenRecord>, StoreError>;
-
-    async fn stats(&self) -> Result<StoreStats, StoreError>;
-
-    /// Disables or enables a user; false when the user is unknown.
-    async fn set_user_disabled(&self, user: &str, disabled: bool) -> Result<bool, StoreError>;
-
-    /// Sets a user's quota override (None = the configured default); false when unknown.
-    async fn set_user_quota(&self, user: &str, quota: Option<u64>) -> Result<bool, StoreError>;
-
-    /// Deletes a user with all entries in one transaction, writing a DEL event per
-    /// entry. Returns the blob keys to delete, or None when the user is unknown.
+    /// Deletes a user with all entries, writing a DEL event per entry (path order).
+    /// Returns the blob keys to delete, or None when the user is unknown.
     async fn delete_account(&self, user: &str, now: i64)
     -> Result<Option<Vec<String>>, StoreError>;
+}
 
-    async fn events_reverse(
+/// Runs `procedure` in a fresh transaction and commits it.
+macro_rules! in_transaction {
+    ($store:expr, |$tx:ident| $procedure:expr) => {{
+        let mut $tx = $store.begin_write().await?;
+        let outcome = $procedure.await?;
+        $tx.commit().await?;
+        Ok(outcome)
+    }};
+}
+
+#[async_trait]
+impl<S: MetadataStore + ?Sized> MetadataWrites for S {
+    async fn sign_up(
         &self,
-        query: ReverseEventQuery<'_>,
-    ) -> Result<Vec<EventRecord>, StoreError>;
+        public_key: &str,
+        token: Option<&str>,
+        now: i64,
+        replay: ReplayMark,
+    ) -> Result<SignupOutcome, StoreError> {
+        in_transaction!(self, |tx| rules::sign_up(
+            tx.as_mut(),
+            public_key,
+            token,
+            now,
+            replay
+        ))
+    }
+
+    async fn commit_put(
+        &self,
+        entry: NewEntry<'_>,
+        replay: Option<ReplayMark>,
+    ) -> Result<PutOutcome, StoreError> {
+        in_transaction!(self, |tx| rules::put(tx.as_mut(), &entry, replay))
+    }
+
+    async fn commit_delete(
+        &self,
+        user: &str,
+        path: &str,
+        now: i64,
+        replay: Option<ReplayMark>,
+    ) -> Result<DeleteOutcome, StoreError> {
+        in_transaction!(self, |tx| rules::delete(
+            tx.as_mut(),
+            user,
+            path,
+            now,
+            replay
+        ))
+    }
+
+    async fn create_session(
+        &self,
+        session: &SessionRecord,
+        replay: ReplayMark,
+    ) -> Result<CreateSessionOutcome, StoreError> {
+        in_transaction!(self, |tx| rules::create_session(
+            tx.as_mut(),
+            session,
+            replay
+        ))
+    }
+
+    async fn mark_signature(&self, mark: ReplayMark) -> Result<bool, StoreError> {
+        in_transaction!(self, |tx| tx.insert_replay_mark(mark))
+    }
+
+    async fn delete_account(
+        &self,
+        user: &str,
+        now: i64,
+    ) -> Result<Option<Vec<String>>, StoreError> {
+        in_transaction!(self, |tx| rules::delete_account(tx.as_mut(), user, now))
+    }
 }

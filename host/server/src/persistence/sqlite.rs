@@ -2,8 +2,10 @@
 //!
 //! Writes go through a pool of exactly one connection, so write transactions run one at
 //! a time in this process and never meet SQLITE_BUSY; reads use a separate pool of
-//! read-only connections that WAL lets run beside the writer. One process owns a
-//! database file: scale-out deployments use PostgreSQL.
+//! read-only connections that WAL lets run beside the writer. The single writer is how
+//! this backend keeps the boundary's contracts: every write is serialized (per user,
+//! and in cursor order), so AUTOINCREMENT cursors are commit-ordered. One process owns
+//! a database file: scale-out deployments use PostgreSQL.
 
 use std::str::FromStr;
 use std::time::Duration;
@@ -18,9 +20,9 @@ use sqlx::{Row, Sqlite, Transaction};
 use homeserver_protocol::event::EventKind;
 
 use super::metadata::{
-    CreateSessionOutcome, DeleteOutcome, EntryRange, EntryRecord, EventQuery, EventRecord,
-    MetadataStore, NewEntry, PutOutcome, ReplayMark, ReverseEventQuery, SessionRecord,
-    SignupOutcome, SignupTokenRecord, StoreError, StoreStats, UserCursor, UserRecord, WriteContext,
+    EntryRange, EntryRecord, EventQuery, EventRecord, MetadataStore, NewEvent, ReplayMark,
+    ReverseEventQuery, SessionRecord, SignupTokenRecord, StoreError, StoreStats, TokenRedemption,
+    UserCursor, UserRecord, WriteContext, WriteTx,
 };
 
 static MIGRATOR: sqlx::migrate::Migrator = sqlx::migrate!("./migrations/sqlite");
@@ -70,12 +72,6 @@ impl SqliteStore {
             .map_err(map_err)?;
         Ok(Self { writer, reader })
     }
-
-    /// Closes both pools, letting in-flight statements finish (for graceful shutdown).
-    pub async fn close(&self) {
-        self.reader.close().await;
-        self.writer.close().await;
-    }
 }
 
 fn map_err(e: sqlx::Error) -> StoreError {
@@ -110,15 +106,18 @@ fn user_from_row(row: &SqliteRow) -> Result<UserRecord, sqlx::Error> {
     })
 }
 
+fn hash32(bytes: Vec<u8>) -> Result<[u8; 32], sqlx::Error> {
+    bytes
+        .try_into()
+        .map_err(|_| sqlx::Error::Decode("content_hash is not 32 bytes".into()))
+}
+
 fn entry_from_row(row: &SqliteRow) -> Result<EntryRecord, sqlx::Error> {
-    let hash: Vec<u8> = row.try_get("content_hash")?;
     Ok(EntryRecord {
         path: row.try_get("path")?,
         blob_key: row.try_get("blob_key")?,
         size: to_u64(row.try_get("size")?),
-        content_hash: hash
-            .try_into()
-            .map_err(|_| sqlx::Error::Decode("content_hash is not 32 bytes".into()))?,
+        content_hash: hash32(row.try_get("content_hash")?)?,
         created_at: row.try_get("created_at")?,
         updated_at: row.try_get("updated_at")?,
     })
@@ -126,24 +125,36 @@ fn entry_from_row(row: &SqliteRow) -> Result<EntryRecord, sqlx::Error> {
 
 fn event_from_row(row: &SqliteRow) -> Result<EventRecord, sqlx::Error> {
     let kind: String = row.try_get("kind")?;
-    let hash: Option<Vec<u8>> = row.try_get("content_hash")?;
     Ok(EventRecord {
         cursor: to_u64(row.try_get("cursor")?),
-        user: row.try_get("user")?,
+        user: row.try_get("owner")?,
         path: row.try_get("path")?,
         kind: EventKind::parse(&kind)
             .ok_or_else(|| sqlx::Error::Decode(format!("unknown event kind {kind}").into()))?,
-        content_hash: hash
-            .map(|h| h.try_into())
-            .transpose()
-            .map_err(|_| sqlx::Error::Decode("content_hash is not 32 bytes".into()))?,
+        content_hash: row
+            .try_get::<Option<Vec<u8>>, _>("content_hash")?
+            .map(hash32)
+            .transpose()?,
     })
 }
 
-const EVENT_COLUMNS: &str = "cursor, user, path, kind, content_hash";
+fn rows<T>(
+    rows: &[SqliteRow],
+    decode: fn(&SqliteRow) -> Result<T, sqlx::Error>,
+) -> Result<Vec<T>, StoreError> {
+    rows.iter()
+        .map(decode)
+        .collect::<Result<_, _>>()
+        .map_err(map_err)
+}
 
-/// Appends `AND ((user = ? AND cursor <op> ?) OR ...)` and the path-prefix range.
-/// `open_bound` is what a per-user cursor of 0 means (no bound).
+const USER_COLUMNS: &str =
+    "public_key, created_at, used_bytes, quota_bytes, disabled, last_activity";
+const ENTRY_COLUMNS: &str = "path, blob_key, size, content_hash, created_at, updated_at";
+const EVENT_COLUMNS: &str = "cursor, owner, path, kind, content_hash";
+
+/// Appends `AND ((owner = ? AND cursor <op> ?) OR ...)` and the path-prefix range.
+/// A per-user cursor of 0 means no bound.
 fn push_event_filters<'a>(
     sql: &mut sqlx::QueryBuilder<'a, Sqlite>,
     users: &'a [UserCursor],
@@ -156,7 +167,7 @@ fn push_event_filters<'a>(
             if i > 0 {
                 sql.push(" OR ");
             }
-            sql.push("(user = ").push_bind(u.user.as_str());
+            sql.push("(owner = ").push_bind(u.user.as_str());
             if u.cursor != 0 {
                 sql.push(" AND cursor ")
                     .push(cursor_op)
@@ -177,49 +188,242 @@ fn push_event_filters<'a>(
     }
 }
 
-const USER_COLUMNS: &str =
-    "public_key, created_at, used_bytes, quota_bytes, disabled, last_activity";
-const ENTRY_COLUMNS: &str = "path, blob_key, size, content_hash, created_at, updated_at";
+/// A write transaction on the single writer connection.
+struct SqliteWriteTx(Transaction<'static, Sqlite>);
 
-/// Records a replay mark; false when the signature was seen before.
-async fn mark_signature(
-    tx: &mut Transaction<'_, Sqlite>,
-    mark: ReplayMark,
-) -> Result<bool, sqlx::Error> {
-    let done = sqlx::query(
-        "INSERT INTO seen_signatures (signature_id, expires_at) VALUES (?, ?) \
-         ON CONFLICT (signature_id) DO NOTHING",
-    )
-    .bind(&mark.signature_id[..])
-    .bind(mark.expires_at)
-    .execute(&mut **tx)
-    .await?;
-    Ok(done.rows_affected() == 1)
-}
+#[async_trait]
+impl WriteTx for SqliteWriteTx {
+    async fn insert_replay_mark(&mut self, mark: ReplayMark) -> Result<bool, StoreError> {
+        let done = sqlx::query(
+            "INSERT INTO seen_signatures (signature_id, expires_at) VALUES (?, ?) \
+             ON CONFLICT (signature_id) DO NOTHING",
+        )
+        .bind(&mark.signature_id[..])
+        .bind(mark.expires_at)
+        .execute(&mut *self.0)
+        .await
+        .map_err(map_err)?;
+        Ok(done.rows_affected() == 1)
+    }
 
-async fn insert_event(
-    tx: &mut Transaction<'_, Sqlite>,
-    user: &str,
-    path: &str,
-    kind: &str,
-    content_hash: Option<&[u8]>,
-    now: i64,
-) -> Result<(), sqlx::Error> {
-    sqlx::query(
-        "INSERT INTO events (user, path, kind, content_hash, created_at) VALUES (?, ?, ?, ?, ?)",
-    )
-    .bind(user)
-    .bind(path)
-    .bind(kind)
-    .bind(content_hash)
-    .bind(now)
-    .execute(&mut **tx)
-    .await?;
-    Ok(())
+    async fn lock_user(&mut self, public_key: &str) -> Result<Option<UserRecord>, StoreError> {
+        // The single writer connection is the lock.
+        let row = sqlx::query(&format!(
+            "SELECT {USER_COLUMNS} FROM users WHERE public_key = ?"
+        ))
+        .bind(public_key)
+        .fetch_optional(&mut *self.0)
+        .await
+        .map_err(map_err)?;
+        row.as_ref().map(user_from_row).transpose().map_err(map_err)
+    }
+
+    async fn insert_user(
+        &mut self,
+        public_key: &str,
+        now: i64,
+        signup_token: Option<&str>,
+    ) -> Result<bool, StoreError> {
+        let done = sqlx::query(
+            "INSERT INTO users (public_key, created_at, last_activity, signup_token) \
+             VALUES (?, ?, ?, ?) ON CONFLICT (public_key) DO NOTHING",
+        )
+        .bind(public_key)
+        .bind(now)
+        .bind(now)
+        .bind(signup_token)
+        .execute(&mut *self.0)
+        .await
+        .map_err(map_err)?;
+        Ok(done.rows_affected() == 1)
+    }
+
+    async fn delete_user(&mut self, public_key: &str) -> Result<(), StoreError> {
+        sqlx::query("DELETE FROM sessions WHERE owner = ?")
+            .bind(public_key)
+            .execute(&mut *self.0)
+            .await
+            .map_err(map_err)?;
+        sqlx::query("DELETE FROM users WHERE public_key = ?")
+            .bind(public_key)
+            .execute(&mut *self.0)
+            .await
+            .map_err(map_err)?;
+        Ok(())
+    }
+
+    async fn set_usage(
+        &mut self,
+        public_key: &str,
+        used_bytes: u64,
+        last_activity: i64,
+    ) -> Result<(), StoreError> {
+        sqlx::query("UPDATE users SET used_bytes = ?, last_activity = ? WHERE public_key = ?")
+            .bind(to_i64(used_bytes))
+            .bind(last_activity)
+            .bind(public_key)
+            .execute(&mut *self.0)
+            .await
+            .map_err(map_err)?;
+        Ok(())
+    }
+
+    async fn redeem_signup_token(
+        &mut self,
+        token: &str,
+        public_key: &str,
+        now: i64,
+    ) -> Result<TokenRedemption, StoreError> {
+        let redeemed = sqlx::query(
+            "UPDATE signup_tokens SET used_by = ?, used_at = ? \
+             WHERE token = ? AND used_by IS NULL",
+        )
+        .bind(public_key)
+        .bind(now)
+        .bind(token)
+        .execute(&mut *self.0)
+        .await
+        .map_err(map_err)?;
+        if redeemed.rows_affected() == 1 {
+            return Ok(TokenRedemption::Redeemed);
+        }
+        let known: Option<i64> = sqlx::query_scalar("SELECT 1 FROM signup_tokens WHERE token = ?")
+            .bind(token)
+            .fetch_optional(&mut *self.0)
+            .await
+            .map_err(map_err)?;
+        Ok(match known {
+            Some(_) => TokenRedemption::Used,
+            None => TokenRedemption::Unknown,
+        })
+    }
+
+    async fn entry(&mut self, user: &str, path: &str) -> Result<Option<EntryRecord>, StoreError> {
+        let row = sqlx::query(&format!(
+            "SELECT {ENTRY_COLUMNS} FROM entries WHERE owner = ? AND path = ?"
+        ))
+        .bind(user)
+        .bind(path)
+        .fetch_optional(&mut *self.0)
+        .await
+        .map_err(map_err)?;
+        row.as_ref()
+            .map(entry_from_row)
+            .transpose()
+            .map_err(map_err)
+    }
+
+    async fn put_entry(&mut self, user: &str, entry: &EntryRecord) -> Result<(), StoreError> {
+        sqlx::query(
+            "INSERT INTO entries (owner, path, blob_key, size, content_hash, created_at, updated_at) \
+             VALUES (?, ?, ?, ?, ?, ?, ?) \
+             ON CONFLICT (owner, path) DO UPDATE SET blob_key = excluded.blob_key, \
+             size = excluded.size, content_hash = excluded.content_hash, \
+             created_at = excluded.created_at, updated_at = excluded.updated_at",
+        )
+        .bind(user)
+        .bind(&entry.path)
+        .bind(&entry.blob_key)
+        .bind(to_i64(entry.size))
+        .bind(&entry.content_hash[..])
+        .bind(entry.created_at)
+        .bind(entry.updated_at)
+        .execute(&mut *self.0)
+        .await
+        .map_err(map_err)?;
+        Ok(())
+    }
+
+    async fn remove_entry(
+        &mut self,
+        user: &str,
+        path: &str,
+    ) -> Result<Option<EntryRecord>, StoreError> {
+        let row = sqlx::query(&format!(
+            "DELETE FROM entries WHERE owner = ? AND path = ? RETURNING {ENTRY_COLUMNS}"
+        ))
+        .bind(user)
+        .bind(path)
+        .fetch_optional(&mut *self.0)
+        .await
+        .map_err(map_err)?;
+        row.as_ref()
+            .map(entry_from_row)
+            .transpose()
+            .map_err(map_err)
+    }
+
+    async fn remove_all_entries(&mut self, user: &str) -> Result<Vec<EntryRecord>, StoreError> {
+        let found = sqlx::query(&format!(
+            "DELETE FROM entries WHERE owner = ? RETURNING {ENTRY_COLUMNS}"
+        ))
+        .bind(user)
+        .fetch_all(&mut *self.0)
+        .await
+        .map_err(map_err)?;
+        let mut removed = rows(&found, entry_from_row)?;
+        // RETURNING has no ORDER BY.
+        removed.sort_by(|a, b| a.path.cmp(&b.path));
+        Ok(removed)
+    }
+
+    async fn insert_session(&mut self, session: &SessionRecord) -> Result<(), StoreError> {
+        let capabilities = serde_json::to_string(&session.capabilities)
+            .map_err(|e| StoreError::Internal(e.to_string()))?;
+        sqlx::query(
+            "INSERT INTO sessions (token_hash, owner, capabilities, created_at, expires_at) \
+             VALUES (?, ?, ?, ?, ?)",
+        )
+        .bind(&session.token_hash[..])
+        .bind(&session.user)
+        .bind(capabilities)
+        .bind(session.created_at)
+        .bind(session.expires_at)
+        .execute(&mut *self.0)
+        .await
+        .map_err(map_err)?;
+        Ok(())
+    }
+
+    async fn append_events(&mut self, events: &[NewEvent<'_>]) -> Result<(), StoreError> {
+        // SQLite allows 32766 bound values a statement; 5 an event.
+        for chunk in events.chunks(1000) {
+            let mut sql = sqlx::QueryBuilder::<Sqlite>::new(
+                "INSERT INTO events (owner, path, kind, content_hash, created_at) ",
+            );
+            sql.push_values(chunk, |mut row, e| {
+                row.push_bind(e.user)
+                    .push_bind(e.path)
+                    .push_bind(e.kind.as_str())
+                    .push_bind(e.content_hash.map(|h| h.to_vec()))
+                    .push_bind(e.created_at);
+            });
+            sql.build().execute(&mut *self.0).await.map_err(map_err)?;
+        }
+        Ok(())
+    }
+
+    async fn commit(self: Box<Self>) -> Result<(), StoreError> {
+        self.0.commit().await.map_err(map_err)
+    }
 }
 
 #[async_trait]
 impl MetadataStore for SqliteStore {
+    fn backend(&self) -> &'static str {
+        "sqlite"
+    }
+
+    async fn begin_write(&self) -> Result<Box<dyn WriteTx>, StoreError> {
+        let tx = self.writer.begin().await.map_err(map_err)?;
+        Ok(Box::new(SqliteWriteTx(tx)))
+    }
+
+    async fn close(&self) {
+        self.reader.close().await;
+        self.writer.close().await;
+    }
+
     async fn user(&self, public_key: &str) -> Result<Option<UserRecord>, StoreError> {
         let row = sqlx::query(&format!(
             "SELECT {USER_COLUMNS} FROM users WHERE public_key = ?"
@@ -231,73 +435,10 @@ impl MetadataStore for SqliteStore {
         row.as_ref().map(user_from_row).transpose().map_err(map_err)
     }
 
-    async fn sign_up(
-        &self,
-        public_key: &str,
-        token: Option<&str>,
-        now: i64,
-        replay: ReplayMark,
-    ) -> Result<SignupOutcome, StoreError> {
-        let mut tx = self.writer.begin().await.map_err(map_err)?;
-        if !mark_signature(&mut tx, replay).await.map_err(map_err)? {
-            return Ok(SignupOutcome::Replayed);
-        }
-        let existing: Option<i64> =
-            sqlx::query_scalar("SELECT created_at FROM users WHERE public_key = ?")
-                .bind(public_key)
-                .fetch_optional(&mut *tx)
-                .await
-                .map_err(map_err)?;
-        if let Some(created_at) = existing {
-            // Commit the replay mark: the signature was accepted.
-            tx.commit().await.map_err(map_err)?;
-            return Ok(SignupOutcome::AlreadyExists { created_at });
-        }
-        if let Some(token) = token {
-            let redeemed = sqlx::query(
-                "UPDATE signup_tokens SET used_by = ?, used_at = ? \
-                 WHERE token = ? AND used_by IS NULL",
-            )
-            .bind(public_key)
-            .bind(now)
-            .bind(token)
-            .execute(&mut *tx)
-            .await
-            .map_err(map_err)?;
-            if redeemed.rows_affected() == 0 {
-                let known: Option<i64> =
-                    sqlx::query_scalar("SELECT 1 FROM signup_tokens WHERE token = ?")
-                        .bind(token)
-                        .fetch_optional(&mut *tx)
-                        .await
-                        .map_err(map_err)?;
-                tx.commit().await.map_err(map_err)?;
-                return Ok(if known.is_some() {
-                    SignupOutcome::TokenUsed
-                } else {
-                    SignupOutcome::TokenUnknown
-                });
-            }
-        }
-        sqlx::query(
-            "INSERT INTO users (public_key, created_at, last_activity, signup_token) \
-             VALUES (?, ?, ?, ?)",
-        )
-        .bind(public_key)
-        .bind(now)
-        .bind(now)
-        .bind(token)
-        .execute(&mut *tx)
-        .await
-        .map_err(map_err)?;
-        tx.commit().await.map_err(map_err)?;
-        Ok(SignupOutcome::Created { created_at: now })
-    }
-
     async fn write_context(&self, user: &str, path: &str) -> Result<WriteContext, StoreError> {
         let row = sqlx::query(&format!(
             "SELECT {USER_COLUMNS}, \
-             (SELECT size FROM entries WHERE user = ?1 AND path = ?2) AS existing_size \
+             (SELECT size FROM entries WHERE owner = ?1 AND path = ?2) AS existing_size \
              FROM users WHERE public_key = ?1"
         ))
         .bind(user)
@@ -320,7 +461,7 @@ impl MetadataStore for SqliteStore {
 
     async fn entry(&self, user: &str, path: &str) -> Result<Option<EntryRecord>, StoreError> {
         let row = sqlx::query(&format!(
-            "SELECT {ENTRY_COLUMNS} FROM entries WHERE user = ? AND path = ?"
+            "SELECT {ENTRY_COLUMNS} FROM entries WHERE owner = ? AND path = ?"
         ))
         .bind(user)
         .bind(path)
@@ -335,9 +476,9 @@ impl MetadataStore for SqliteStore {
 
     async fn entries(&self, range: EntryRange<'_>) -> Result<Vec<EntryRecord>, StoreError> {
         let order = if range.descending { "DESC" } else { "ASC" };
-        let rows = sqlx::query(&format!(
+        let found = sqlx::query(&format!(
             "SELECT {ENTRY_COLUMNS} FROM entries \
-             WHERE user = ? AND path > ? AND path < ? ORDER BY path {order} LIMIT ?"
+             WHERE owner = ? AND path > ? AND path < ? ORDER BY path {order} LIMIT ?"
         ))
         .bind(range.user)
         .bind(range.after)
@@ -346,199 +487,21 @@ impl MetadataStore for SqliteStore {
         .fetch_all(&self.reader)
         .await
         .map_err(map_err)?;
-        rows.iter()
-            .map(entry_from_row)
-            .collect::<Result<_, _>>()
-            .map_err(map_err)
+        rows(&found, entry_from_row)
     }
 
-    async fn commit_put(
-        &self,
-        entry: NewEntry<'_>,
-        replay: Option<ReplayMark>,
-    ) -> Result<PutOutcome, StoreError> {
-        let mut tx = self.writer.begin().await.map_err(map_err)?;
-        if let Some(replay) = replay
-            && !mark_signature(&mut tx, replay).await.map_err(map_err)?
-        {
-            return Ok(PutOutcome::Replayed);
-        }
-        let user = sqlx::query(&format!(
-            "SELECT {USER_COLUMNS} FROM users WHERE public_key = ?"
-        ))
-        .bind(entry.user)
-        .fetch_optional(&mut *tx)
-        .await
-        .map_err(map_err)?;
-        let Some(user) = user
-            .as_ref()
-            .map(user_from_row)
-            .transpose()
-            .map_err(map_err)?
-        else {
-            return Ok(PutOutcome::UnknownUser);
-        };
-        let old = sqlx::query(
-            "SELECT blob_key, size, created_at FROM entries WHERE user = ? AND path = ?",
-        )
-        .bind(entry.user)
-        .bind(entry.path)
-        .fetch_optional(&mut *tx)
-        .await
-        .map_err(map_err)?;
-        let (replaced_blob, old_size, created_at) = match &old {
-            Some(row) => (
-                Some(row.try_get::<String, _>("blob_key").map_err(map_err)?),
-                to_u64(row.try_get("size").map_err(map_err)?),
-                row.try_get::<i64, _>("created_at").map_err(map_err)?,
-            ),
-            None => (None, 0, entry.now),
-        };
-        if user.disabled {
-            // Keep the replay mark: the verified request must not succeed later.
-            tx.commit().await.map_err(map_err)?;
-            return Ok(PutOutcome::Disabled);
-        }
-        let quota = user.quota_bytes.unwrap_or(entry.default_quota);
-        let new_used = user.used_bytes.saturating_sub(old_size) + entry.size;
-        if quota != 0 && entry.size > old_size && new_used > quota {
-            // Commit only the replay mark: a replay after space is freed must not
-            // bring this write back.
-            tx.commit().await.map_err(map_err)?;
-            return Ok(PutOutcome::QuotaExceeded {
-                used: user.used_bytes,
-                quota,
-            });
-        }
-        sqlx::query("UPDATE users SET used_bytes = ?, last_activity = ? WHERE public_key = ?")
-            .bind(to_i64(new_used))
-            .bind(entry.now)
-            .bind(entry.user)
-            .execute(&mut *tx)
+    async fn blob_referenced(&self, blob_key: &str) -> Result<bool, StoreError> {
+        let found: Option<i64> = sqlx::query_scalar("SELECT 1 FROM entries WHERE blob_key = ?")
+            .bind(blob_key)
+            .fetch_optional(&self.reader)
             .await
             .map_err(map_err)?;
-        sqlx::query(
-            "INSERT INTO entries (user, path, blob_key, size, content_hash, created_at, updated_at) \
-             VALUES (?, ?, ?, ?, ?, ?, ?) \
-             ON CONFLICT (user, path) DO UPDATE SET blob_key = excluded.blob_key, \
-             size = excluded.size, content_hash = excluded.content_hash, \
-             updated_at = excluded.updated_at",
-        )
-        .bind(entry.user)
-        .bind(entry.path)
-        .bind(entry.blob_key)
-        .bind(to_i64(entry.size))
-        .bind(&entry.content_hash[..])
-        .bind(created_at)
-        .bind(entry.now)
-        .execute(&mut *tx)
-        .await
-        .map_err(map_err)?;
-        insert_event(
-            &mut tx,
-            entry.user,
-            entry.path,
-            "PUT",
-            Some(&entry.content_hash[..]),
-            entry.now,
-        )
-        .await
-        .map_err(map_err)?;
-        tx.commit().await.map_err(map_err)?;
-        Ok(PutOutcome::Committed {
-            created_at,
-            replaced_blob,
-        })
-    }
-
-    async fn commit_delete(
-        &self,
-        user: &str,
-        path: &str,
-        now: i64,
-        replay: Option<ReplayMark>,
-    ) -> Result<DeleteOutcome, StoreError> {
-        let mut tx = self.writer.begin().await.map_err(map_err)?;
-        if let Some(replay) = replay
-            && !mark_signature(&mut tx, replay).await.map_err(map_err)?
-        {
-            return Ok(DeleteOutcome::Replayed);
-        }
-        let old =
-            sqlx::query("DELETE FROM entries WHERE user = ? AND path = ? RETURNING blob_key, size")
-                .bind(user)
-                .bind(path)
-                .fetch_optional(&mut *tx)
-                .await
-                .map_err(map_err)?;
-        let Some(old) = old else {
-            // Keep the replay mark: the signed request was accepted and answered.
-            tx.commit().await.map_err(map_err)?;
-            return Ok(DeleteOutcome::NotFound);
-        };
-        let blob_key: String = old.try_get("blob_key").map_err(map_err)?;
-        let size: i64 = old.try_get("size").map_err(map_err)?;
-        sqlx::query(
-            "UPDATE users SET used_bytes = MAX(used_bytes - ?, 0), last_activity = ? \
-             WHERE public_key = ?",
-        )
-        .bind(size)
-        .bind(now)
-        .bind(user)
-        .execute(&mut *tx)
-        .await
-        .map_err(map_err)?;
-        insert_event(&mut tx, user, path, "DEL", None, now)
-            .await
-            .map_err(map_err)?;
-        tx.commit().await.map_err(map_err)?;
-        Ok(DeleteOutcome::Deleted { blob_key })
-    }
-
-    async fn create_session(
-        &self,
-        session: &SessionRecord,
-        replay: ReplayMark,
-    ) -> Result<CreateSessionOutcome, StoreError> {
-        let mut tx = self.writer.begin().await.map_err(map_err)?;
-        if !mark_signature(&mut tx, replay).await.map_err(map_err)? {
-            return Ok(CreateSessionOutcome::Replayed);
-        }
-        let disabled: Option<i64> =
-            sqlx::query_scalar("SELECT disabled FROM users WHERE public_key = ?")
-                .bind(&session.user)
-                .fetch_optional(&mut *tx)
-                .await
-                .map_err(map_err)?;
-        match disabled {
-            None => return Ok(CreateSessionOutcome::UnknownUser),
-            Some(d) if d != 0 => {
-                tx.commit().await.map_err(map_err)?;
-                return Ok(CreateSessionOutcome::Disabled);
-            }
-            Some(_) => {}
-        }
-        let capabilities = serde_json::to_string(&session.capabilities)
-            .map_err(|e| StoreError::Internal(e.to_string()))?;
-        sqlx::query(
-            "INSERT INTO sessions (token_hash, user, capabilities, created_at, expires_at) \
-             VALUES (?, ?, ?, ?, ?)",
-        )
-        .bind(&session.token_hash[..])
-        .bind(&session.user)
-        .bind(capabilities)
-        .bind(session.created_at)
-        .bind(session.expires_at)
-        .execute(&mut *tx)
-        .await
-        .map_err(map_err)?;
-        tx.commit().await.map_err(map_err)?;
-        Ok(CreateSessionOutcome::Created)
+        Ok(found.is_some())
     }
 
     async fn session(&self, token_hash: &[u8; 32]) -> Result<Option<SessionRecord>, StoreError> {
         let row = sqlx::query(
-            "SELECT user, capabilities, created_at, expires_at FROM sessions WHERE token_hash = ?",
+            "SELECT owner, capabilities, created_at, expires_at FROM sessions WHERE token_hash = ?",
         )
         .bind(&token_hash[..])
         .fetch_optional(&self.reader)
@@ -548,7 +511,7 @@ impl MetadataStore for SqliteStore {
         let capabilities: String = row.try_get("capabilities").map_err(map_err)?;
         Ok(Some(SessionRecord {
             token_hash: *token_hash,
-            user: row.try_get("user").map_err(map_err)?,
+            user: row.try_get("owner").map_err(map_err)?,
             capabilities: serde_json::from_str(&capabilities)
                 .map_err(|e| StoreError::Internal(format!("session capabilities: {e}")))?,
             created_at: row.try_get("created_at").map_err(map_err)?,
@@ -583,22 +546,6 @@ impl MetadataStore for SqliteStore {
         Ok(done.rows_affected())
     }
 
-    async fn blob_referenced(&self, blob_key: &str) -> Result<bool, StoreError> {
-        let found: Option<i64> = sqlx::query_scalar("SELECT 1 FROM entries WHERE blob_key = ?")
-            .bind(blob_key)
-            .fetch_optional(&self.reader)
-            .await
-            .map_err(map_err)?;
-        Ok(found.is_some())
-    }
-
-    async fn mark_signature(&self, mark: ReplayMark) -> Result<bool, StoreError> {
-        let mut tx = self.writer.begin().await.map_err(map_err)?;
-        let fresh = mark_signature(&mut tx, mark).await.map_err(map_err)?;
-        tx.commit().await.map_err(map_err)?;
-        Ok(fresh)
-    }
-
     async fn purge_replay_marks(&self, now: i64) -> Result<u64, StoreError> {
         let done = sqlx::query("DELETE FROM seen_signatures WHERE expires_at < ?")
             .bind(now)
@@ -606,6 +553,14 @@ impl MetadataStore for SqliteStore {
             .await
             .map_err(map_err)?;
         Ok(done.rows_affected())
+    }
+
+    async fn latest_cursor(&self) -> Result<u64, StoreError> {
+        let cursor: Option<i64> = sqlx::query_scalar("SELECT MAX(cursor) FROM events")
+            .fetch_one(&self.reader)
+            .await
+            .map_err(map_err)?;
+        Ok(cursor.map(to_u64).unwrap_or(0))
     }
 
     async fn events(&self, query: EventQuery<'_>) -> Result<Vec<EventRecord>, StoreError> {
@@ -618,11 +573,23 @@ impl MetadataStore for SqliteStore {
         push_event_filters(&mut sql, query.users, ">", query.path_prefix);
         sql.push(" ORDER BY cursor ASC LIMIT ")
             .push_bind(i64::from(query.limit));
-        let rows = sql.build().fetch_all(&self.reader).await.map_err(map_err)?;
-        rows.iter()
-            .map(event_from_row)
-            .collect::<Result<_, _>>()
-            .map_err(map_err)
+        let found = sql.build().fetch_all(&self.reader).await.map_err(map_err)?;
+        rows(&found, event_from_row)
+    }
+
+    async fn events_reverse(
+        &self,
+        query: ReverseEventQuery<'_>,
+    ) -> Result<Vec<EventRecord>, StoreError> {
+        let mut sql = sqlx::QueryBuilder::new(format!(
+            "SELECT {EVENT_COLUMNS} FROM events WHERE cursor < "
+        ));
+        sql.push_bind(to_i64(query.before));
+        push_event_filters(&mut sql, query.users, "<", query.path_prefix);
+        sql.push(" ORDER BY cursor DESC LIMIT ")
+            .push_bind(i64::from(query.limit));
+        let found = sql.build().fetch_all(&self.reader).await.map_err(map_err)?;
+        rows(&found, event_from_row)
     }
 
     async fn create_signup_token(&self, token: &str, now: i64) -> Result<bool, StoreError> {
@@ -685,75 +652,5 @@ impl MetadataStore for SqliteStore {
             .await
             .map_err(map_err)?;
         Ok(done.rows_affected() == 1)
-    }
-
-    async fn delete_account(
-        &self,
-        user: &str,
-        now: i64,
-    ) -> Result<Option<Vec<String>>, StoreError> {
-        let mut tx = self.writer.begin().await.map_err(map_err)?;
-        let exists: Option<i64> = sqlx::query_scalar("SELECT 1 FROM users WHERE public_key = ?")
-            .bind(user)
-            .fetch_optional(&mut *tx)
-            .await
-            .map_err(map_err)?;
-        if exists.is_none() {
-            return Ok(None);
-        }
-        // One DEL event per entry, in path order, in the same transaction.
-        sqlx::query(
-            "INSERT INTO events (user, path, kind, content_hash, created_at) \
-             SELECT user, path, 'DEL', NULL, ? FROM entries WHERE user = ? ORDER BY path",
-        )
-        .bind(now)
-        .bind(user)
-        .execute(&mut *tx)
-        .await
-        .map_err(map_err)?;
-        let blobs: Vec<String> =
-            sqlx::query_scalar("DELETE FROM entries WHERE user = ? RETURNING blob_key")
-                .bind(user)
-                .fetch_all(&mut *tx)
-                .await
-                .map_err(map_err)?;
-        sqlx::query("DELETE FROM sessions WHERE user = ?")
-            .bind(user)
-            .execute(&mut *tx)
-            .await
-            .map_err(map_err)?;
-        sqlx::query("DELETE FROM users WHERE public_key = ?")
-            .bind(user)
-            .execute(&mut *tx)
-            .await
-            .map_err(map_err)?;
-        tx.commit().await.map_err(map_err)?;
-        Ok(Some(blobs))
-    }
-
-    async fn events_reverse(
-        &self,
-        query: ReverseEventQuery<'_>,
-    ) -> Result<Vec<EventRecord>, StoreError> {
-        let mut sql = sqlx::QueryBuilder::new(format!(
-            "SELECT {EVENT_COLUMNS} FROM events WHERE cursor < "
-        ));
-        sql.push_bind(to_i64(query.before));
-        push_event_filters(&mut sql, query.users, "<", query.path_prefix);
-        sql.push(" ORDER BY cursor DESC LIMIT ")
-            .push_bind(i64::from(query.limit));
-        let rows = sql.build().fetch_all(&self.reader).await.map_err(map_err)?;
-        rows.iter()
-            .map(event_from_row)
-            .collect::<Result<_, _>>()
-            .map_err(map_err)
-    }
-
-    async fn latest_cursor(&self) -> Result<u64, StoreError> {
-        let cursor: Option<i64> = sqlx::query_scalar("SELECT MAX(cursor) FROM events")
-            .fetch_one(&self.reader)
-            .await
-            .map_err(map_err)?;
-        Ok(cursor.map(to_u64).unwrap_or(0))
     }
 }

@@ -12,7 +12,7 @@ use super::events::EventHub;
 use super::{ServiceError, now_secs};
 use crate::config::SignupMode;
 use crate::persistence::metadata::StoreStats;
-use crate::persistence::{BlobStore, MetadataStore};
+use crate::persistence::{BlobStore, MetadataStore, MetadataWrites};
 
 /// What the admin API shows of a user.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]

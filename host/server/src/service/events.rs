@@ -22,7 +22,8 @@ use tokio_util::sync::CancellationToken;
 use super::ServiceError;
 use super::entry_cache::EntryCache;
 use crate::persistence::MetadataStore;
-use crate::persistence::metadata::{EventQuery, EventRecord, ReverseEventQuery, UserCursor};
+pub use crate::persistence::metadata::UserCursor;
+use crate::persistence::metadata::{EventQuery, EventRecord, ReverseEventQuery};
 
 /// Events kept in memory for live subscribers.
 const RING_CAPACITY: usize = 16 * 1024;
@@ -392,9 +393,9 @@ mod tests {
 
     use super::*;
     use crate::persistence::metadata::{NewEntry, ReplayMark};
-    use crate::persistence::sqlite::SqliteStore;
+    use crate::persistence::{DatabaseUrl, MetadataWrites, open_metadata};
 
-    async fn put(store: &SqliteStore, user: &str, path: &str, n: u8) {
+    async fn put(store: &Arc<dyn MetadataStore>, user: &str, path: &str, n: u8) {
         let outcome = store
             .commit_put(
                 NewEntry {
@@ -421,11 +422,8 @@ mod tests {
     #[tokio::test]
     async fn slow_subscriber_catches_up_from_the_database() {
         let dir = tempfile::tempdir().unwrap();
-        let store = Arc::new(
-            SqliteStore::open(&format!("sqlite://{}/hs.db", dir.path().display()))
-                .await
-                .unwrap(),
-        );
+        let url = DatabaseUrl::parse(&format!("sqlite://{}/hs.db", dir.path().display())).unwrap();
+        let store = open_metadata(&url).await.unwrap();
         let user = "u".repeat(52);
         store
             .sign_up(

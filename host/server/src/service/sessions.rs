@@ -12,8 +12,8 @@ use sha2::{Digest, Sha256};
 
 use super::auth::{self, SignedTarget};
 use super::{ServiceError, now_secs};
-use crate::persistence::MetadataStore;
 use crate::persistence::metadata::{CreateSessionOutcome, SessionRecord};
+use crate::persistence::{MetadataStore, MetadataWrites};
 
 pub const DEFAULT_TTL: u64 = 3600;
 pub const MIN_TTL: u64 = 60;

@@ -10,8 +10,8 @@ use homeserver_protocol::{AuthHeader, BodyHash};
 use super::auth::{self, SignedTarget};
 use super::{ServiceError, now_secs};
 use crate::config::SignupMode;
-use crate::persistence::MetadataStore;
 use crate::persistence::metadata::SignupOutcome;
+use crate::persistence::{MetadataStore, MetadataWrites};
 
 #[derive(Clone)]
 pub struct SignupService {

@@ -25,8 +25,12 @@ use super::events::EventHub;
 use super::upload_staging::{StagedBody, UploadStaging};
 use super::{ServiceError, now_secs};
 use crate::persistence::blobs::BlobError;
-use crate::persistence::metadata::{DeleteOutcome, EntryRange, EntryRecord, NewEntry, PutOutcome};
-use crate::persistence::{BlobStore, MetadataStore};
+pub use crate::persistence::metadata::EntryRecord;
+use crate::persistence::metadata::{
+    DeleteOutcome, EntryRange, NewEntry, PutOutcome, QuotaExceeded,
+};
+use crate::persistence::rules::check_quota;
+use crate::persistence::{BlobStore, MetadataStore, MetadataWrites};
 
 /// Limits of the storage API.
 #[derive(Debug, Clone, Copy)]
@@ -227,11 +231,7 @@ impl StorageService {
                     created_at,
                 });
             }
-            Ok(PutOutcome::QuotaExceeded { used, quota }) => ServiceError::QuotaExceeded {
-                used,
-                quota,
-                needed: streamed.size,
-            },
+            Ok(PutOutcome::QuotaExceeded(exceeded)) => quota_exceeded(exceeded),
             Ok(PutOutcome::Replayed) => auth::replayed(),
             Ok(PutOutcome::UnknownUser) => not_signed_up(),
             Ok(PutOutcome::Disabled) => disabled(),
@@ -282,15 +282,12 @@ impl StorageService {
         Ok(match &context.user {
             None => Some(not_signed_up()),
             Some(u) if u.disabled => Some(disabled()),
+            // The rule the commit applies again to the actual size.
             Some(u) => declared_len.and_then(|len| {
-                let quota = u.quota_bytes.unwrap_or(self.limits.quota_bytes);
                 let old = context.existing_size.unwrap_or(0);
-                let new_used = u.used_bytes.saturating_sub(old) + len;
-                (quota != 0 && len > old && new_used > quota).then(|| ServiceError::QuotaExceeded {
-                    used: u.used_bytes,
-                    quota,
-                    needed: len - old,
-                })
+                check_quota(u, self.limits.quota_bytes, old, len)
+                    .err()
+                    .map(quota_exceeded)
             }),
         })
     }
@@ -407,6 +404,8 @@ impl StorageService {
             }
             DeleteOutcome::NotFound => Err(not_found(path)),
             DeleteOutcome::Replayed => Err(auth::replayed()),
+            DeleteOutcome::UnknownUser => Err(not_signed_up()),
+            DeleteOutcome::Disabled => Err(disabled()),
         }
     }
 
@@ -507,6 +506,14 @@ impl StorageService {
             cursor,
             has_more,
         })
+    }
+}
+
+fn quota_exceeded(e: QuotaExceeded) -> ServiceError {
+    ServiceError::QuotaExceeded {
+        used: e.used,
+        quota: e.quota,
+        needed: e.needed,
     }
 }
 

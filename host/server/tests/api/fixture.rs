@@ -26,8 +26,8 @@ pub fn now() -> u64 {
 pub fn test_config(dir: &std::path::Path) -> Config {
     let mut config = Config::defaults();
     config.http.listen = "127.0.0.1:0".parse().unwrap();
-    config.storage.database_url = format!("sqlite://{}/hs.db", dir.display());
-    config.storage.blobs = format!("file://{}/blobs", dir.display());
+    config.storage.database_url = format!("sqlite://{}/hs.db", dir.display()).parse().unwrap();
+    config.storage.blobs = format!("file://{}/blobs", dir.display()).parse().unwrap();
     config.keys.secret_key_file = dir.join("server.key");
     config.policies.dir = dir.join("policies");
     config.policies.cache_dir = shared_guest_cache();

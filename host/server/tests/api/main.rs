@@ -2,6 +2,7 @@
 
 #![allow(clippy::unwrap_used)]
 
+mod backend;
 mod fixture;
 
 mod abuse;
@@ -15,3 +16,4 @@ mod ops;
 mod sessions;
 mod signup;
 mod storage;
+mod store;
