@@ -32,6 +32,62 @@ pub enum Command {
     /// Open N live event-stream subscriptions, write at a fixed rate, and measure how
     /// fast (and whether exactly once) each event reaches each subscriber.
     Fanout(FanoutArgs),
+    /// Replay the hostile-client probes (silent connections, idle HTTP/2, malformed
+    /// heads, forged-signature lockout, forged uploads) against a running server; exits
+    /// non-zero if any fails.
+    Attack(AttackArgs),
+    /// Start the homeserver binary, write concurrently, kill -9 it at a random moment,
+    /// restart, and check every acknowledged write; N times.
+    CrashLoop(CrashLoopArgs),
+}
+
+#[derive(Debug, Args)]
+pub struct AttackArgs {
+    /// Server to attack: http:// on 127.0.0.1, localhost or [::1] only. It must have
+    /// open signup.
+    #[arg(long, value_parser = Target::parse)]
+    pub url: Target,
+    /// The server's http.header_read_timeout_secs.
+    #[arg(long, default_value_t = 10)]
+    pub header_timeout_secs: u64,
+    /// Silent TCP connections to open at once.
+    #[arg(long, default_value_t = 2000)]
+    pub silent: usize,
+    /// HTTP/2 connections that send a preface and settings (some a partial HEADERS),
+    /// then nothing.
+    #[arg(long, default_value_t = 200)]
+    pub h2_idle: usize,
+    /// Forged writes in a victim's name.
+    #[arg(long, default_value_t = 60)]
+    pub forged: usize,
+    /// Forged 5 MiB uploads without Content-Digest, all at once.
+    #[arg(long, default_value_t = 20)]
+    pub forged_uploads: usize,
+    /// The server's data folder: checked to grow by less than 1 MiB during forged uploads.
+    #[arg(long)]
+    pub data_dir: Option<std::path::PathBuf>,
+}
+
+#[derive(Debug, Args)]
+pub struct CrashLoopArgs {
+    /// The homeserver binary to start (and kill).
+    #[arg(long)]
+    pub homeserver: std::path::PathBuf,
+    /// kill -9 cycles.
+    #[arg(long, default_value_t = 20)]
+    pub cycles: u32,
+    /// Concurrent writers.
+    #[arg(long, default_value_t = 8)]
+    pub writers: usize,
+    /// Largest value a writer PUTs (sizes vary from 0 up to it).
+    #[arg(long, default_value_t = 256 * 1024)]
+    pub max_value_bytes: usize,
+    /// Data folder (kept when given; a temporary one is removed after a passing run).
+    #[arg(long)]
+    pub dir: Option<std::path::PathBuf>,
+    /// Seed of the writers' choices (paths, sizes, when to kill), to repeat a run.
+    #[arg(long)]
+    pub seed: Option<u64>,
 }
 
 #[derive(Debug, Args)]
@@ -119,6 +175,8 @@ pub fn execute(cli: Cli) -> anyhow::Result<()> {
         Command::Baseline(args) => baseline(args),
         Command::Run(args) => run(args),
         Command::Fanout(args) => fanout(args),
+        Command::Attack(args) => attack(args),
+        Command::CrashLoop(args) => crash_loop(args),
     }
 }
 
@@ -250,6 +308,69 @@ fn fanout(args: FanoutArgs) -> anyhow::Result<()> {
             summary.subscribers,
             if summary.timed_out { ", timed out" } else { "" },
         );
+    }
+    Ok(())
+}
+
+fn attack(args: AttackArgs) -> anyhow::Result<()> {
+    let limit = raise_nofile_limit();
+    let needed = (args.silent + args.h2_idle) as u64 + SPARE_FDS;
+    if let Some(limit) = limit
+        && limit < needed
+    {
+        bail!("{needed} open files needed, the limit is {limit}");
+    }
+    let config = crate::attack::probes::ProbeConfig {
+        target: args.url,
+        header_timeout: Duration::from_secs(args.header_timeout_secs),
+        silent: args.silent,
+        h2_idle: args.h2_idle,
+        forged: args.forged,
+        forged_uploads: args.forged_uploads,
+        data_dir: args.data_dir,
+    };
+    let findings = runtime(None)?.block_on(crate::attack::probes::run_all(&config));
+    let mut failed = 0;
+    for f in &findings {
+        println!(
+            "{} {}: {}",
+            if f.passed { "PASS" } else { "FAIL" },
+            f.probe,
+            f.detail
+        );
+        failed += usize::from(!f.passed);
+    }
+    if failed > 0 {
+        bail!("{failed} of {} probes failed", findings.len());
+    }
+    Ok(())
+}
+
+fn crash_loop(args: CrashLoopArgs) -> anyhow::Result<()> {
+    use crate::attack::crash_loop::{self, CrashLoopConfig};
+    let keep = args.dir.is_some();
+    let dir = args.dir.unwrap_or_else(crash_loop::default_dir);
+    let seed = args.seed.unwrap_or_else(|| {
+        std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .map_or(1, |d| d.as_nanos() as u64)
+    });
+    eprintln!("hs-load crash-loop: seed {seed}, data in {}", dir.display());
+    // The server runs in the data folder: a relative binary path must not move with it.
+    let homeserver = std::fs::canonicalize(&args.homeserver)
+        .with_context(|| format!("finding {}", args.homeserver.display()))?;
+    let config = CrashLoopConfig {
+        homeserver,
+        dir: dir.clone(),
+        cycles: args.cycles,
+        writers: args.writers,
+        max_value_bytes: args.max_value_bytes,
+        seed,
+    };
+    let report = runtime(None)?.block_on(crash_loop::run(config))?;
+    println!("{}", report.line());
+    if !keep {
+        crash_loop::remove_dir(&dir);
     }
     Ok(())
 }

@@ -2,6 +2,7 @@
 //!
 //! - [`cli`]: the `hs-load` command line (`baseline`, `run`, `fanout`) and the runtimes it
 //!   builds.
+//! - [`attack`]: hostile-client probes and the `kill -9` loop (`attack`, `crash-loop`).
 //! - [`baseline`]: a bare hyper HTTP/1.1 server answering every request with a fixed body:
 //!   the ceiling a homeserver on the same machine could reach.
 //! - [`target`]: the `--url` guard: only plain-HTTP loopback servers are ever contacted.
@@ -14,6 +15,7 @@
 
 #![cfg_attr(test, allow(clippy::unwrap_used))]
 
+pub mod attack;
 pub mod baseline;
 pub mod cli;
 pub mod driver;
