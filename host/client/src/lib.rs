@@ -12,6 +12,7 @@
 //! - [`target`]: request targets (path plus `?query`), the exact string that is signed.
 //! - [`clock`]: timestamps for signed writes.
 //! - [`response`]: streamed GET answers and entry metadata from headers.
+//! - [`tls`]: TLS to a homeserver named by its public key (RFC 7250 raw public keys).
 //! - [`error`]: the [`ClientError`] type.
 
 // Tests may unwrap: a panic is the failure report there.
@@ -23,6 +24,7 @@ pub mod error;
 pub mod events;
 pub mod response;
 pub mod target;
+pub mod tls;
 
 pub use client::{DEFAULT_HOMESERVER, PUBKY_HOST_HEADER, PkClient};
 pub use error::ClientError;

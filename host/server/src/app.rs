@@ -25,7 +25,7 @@ use crate::service::now_secs;
 use crate::service::sessions::{EXPIRED_RETENTION_SECS, SessionService};
 use crate::service::signup::SignupService;
 use crate::service::storage::{StorageLimits, StorageService};
-use crate::{admin_server, client_server, metrics_server, serve};
+use crate::{admin_server, client_server, metrics_server, serve, tls};
 
 /// How often expired replay marks are purged.
 const REPLAY_PURGE_INTERVAL: Duration = Duration::from_secs(60);
@@ -49,6 +49,8 @@ pub enum StartError {
     Runtime(#[from] homeserver_runtime::RuntimeError),
     #[error("guest runtime: {0}")]
     RuntimeStart(String),
+    #[error("TLS certificate: {0}")]
+    Tls(#[from] tls::TlsError),
     #[error("cannot listen on {address} ({listener}): {source}")]
     Bind {
         listener: &'static str,
@@ -148,6 +150,7 @@ pub struct Homeserver {
     /// Keeps the policies folder watched while the server runs.
     _watcher: Option<homeserver_runtime::WatchHandle>,
     http_addr: SocketAddr,
+    tls_addr: Option<SocketAddr>,
     admin_addr: Option<SocketAddr>,
     metrics_addr: Option<SocketAddr>,
     shutdown: CancellationToken,
@@ -163,6 +166,14 @@ impl Homeserver {
 
         // Bind everything first: a port in use fails the start before anything serves.
         let http = bind("http", config.http.listen).await?;
+        let tls = match config.tls.listen {
+            Some(address) => Some(bind("tls", address).await?),
+            None => None,
+        };
+        let certificate = match (&config.http.tls_cert_file, &config.http.tls_key_file) {
+            (Some(cert), Some(key)) => Some(tls::CertificateFiles::load(cert, key)?),
+            _ => None,
+        };
         let admin = match config.admin.password.is_empty() {
             true => None,
             false => Some(bind("admin", config.admin.listen).await?),
@@ -175,21 +186,50 @@ impl Homeserver {
         let mut tasks = JoinSet::new();
         let limits = connection_limits(config);
         let http_addr = http.1;
+        let http_transport = match &certificate {
+            Some(files) => serve::Transport::Tls(files.server_config()),
+            None => serve::Transport::Plain,
+        };
         tasks.spawn(serve::serve(
             "http",
             http.0,
+            http_transport,
             client_server::router(context.clone()),
             shutdown.clone(),
             limits,
             context.metrics.open_connections("http"),
         ));
-        tracing::info!(listener = "http", address = %http_addr, "listening");
+        tracing::info!(
+            listener = "http",
+            address = %http_addr,
+            https = certificate.is_some(),
+            "listening"
+        );
+        if let Some(files) = certificate {
+            tasks.spawn(files.clone().watch(shutdown.clone()));
+            #[cfg(unix)]
+            tasks.spawn(reload_certificate_on_sighup(files, shutdown.clone()));
+        }
+        let tls_addr = tls.as_ref().map(|(_, a)| *a);
+        if let Some((listener, address)) = tls {
+            tasks.spawn(serve::serve(
+                "tls",
+                listener,
+                serve::Transport::Tls(tls::raw_public_key_config(&context.server_key)),
+                client_server::router(context.clone()),
+                shutdown.clone(),
+                limits,
+                context.metrics.open_connections("tls"),
+            ));
+            tracing::info!(listener = "tls", %address, "listening (raw-public-key TLS)");
+        }
         let admin_addr = admin.as_ref().map(|(_, a)| *a);
         match admin {
             Some((listener, address)) => {
                 tasks.spawn(serve::serve(
                     "admin",
                     listener,
+                    serve::Transport::Plain,
                     admin_server::router(context.clone()),
                     shutdown.clone(),
                     limits,
@@ -204,6 +244,7 @@ impl Homeserver {
             tasks.spawn(serve::serve(
                 "metrics",
                 listener,
+                serve::Transport::Plain,
                 metrics_server::router(context.clone()),
                 shutdown.clone(),
                 limits,
@@ -230,11 +271,22 @@ impl Homeserver {
             context,
             _watcher: watcher,
             http_addr,
+            tls_addr,
             admin_addr,
             metrics_addr,
             shutdown,
             tasks,
         })
+    }
+
+    /// The server's own public key: its identity on the TLS listener and the DHT.
+    pub fn server_key(&self) -> homeserver_protocol::PublicKey {
+        self.context.server_key.public_key()
+    }
+
+    /// Where the raw-public-key TLS listener listens (None when it is off).
+    pub fn tls_addr(&self) -> Option<SocketAddr> {
+        self.tls_addr
     }
 
     /// Where the admin server listens (None when it is off).
@@ -319,6 +371,22 @@ async fn load_policies(config: &Config) -> Result<PolicyRuntime, StartError> {
 }
 
 #[cfg(unix)]
+/// SIGHUP also re-reads the HTTPS certificate files (beside the policies' own reload).
+#[cfg(unix)]
+async fn reload_certificate_on_sighup(files: Arc<tls::CertificateFiles>, stop: CancellationToken) {
+    use tokio::signal::unix::{SignalKind, signal};
+    let Ok(mut hangup) = signal(SignalKind::hangup()) else {
+        return;
+    };
+    loop {
+        tokio::select! {
+            _ = stop.cancelled() => return,
+            got = hangup.recv() => if got.is_none() { return },
+        }
+        files.reload_and_log("SIGHUP");
+    }
+}
+
 async fn reload_on_sighup(context: Arc<AppContext>, stop: CancellationToken) {
     use tokio::signal::unix::{SignalKind, signal};
     let Ok(mut hangup) = signal(SignalKind::hangup()) else {

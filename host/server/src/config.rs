@@ -18,6 +18,7 @@ pub const DEFAULT_CONFIG: &str = include_str!("../config.default.toml");
 #[serde(deny_unknown_fields)]
 pub struct Config {
     pub http: HttpConfig,
+    pub tls: TlsConfig,
     pub admin: AdminConfig,
     pub metrics: MetricsConfig,
     pub rate_limit: RateLimitConfig,
@@ -44,6 +45,22 @@ pub struct HttpConfig {
     pub body_idle_timeout_secs: u64,
     /// Bytes all signed uploads without a declared digest may hold in memory at once.
     pub unproven_upload_memory_bytes: usize,
+    /// PEM certificate chain: when set with `tls_key_file`, the plain listener speaks
+    /// HTTPS with this ordinary (X.509) certificate, re-read when the file changes.
+    #[serde(with = "optional_path")]
+    pub tls_cert_file: Option<PathBuf>,
+    /// PEM private key of `tls_cert_file`.
+    #[serde(with = "optional_path")]
+    pub tls_key_file: Option<PathBuf>,
+}
+
+#[derive(Debug, Clone, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct TlsConfig {
+    /// Address of the raw-public-key TLS listener (RFC 7250, the server's own key);
+    /// empty turns it off.
+    #[serde(with = "optional_addr")]
+    pub listen: Option<SocketAddr>,
 }
 
 #[derive(Debug, Clone, Serialize, Deserialize)]
@@ -96,6 +113,25 @@ mod optional_addr {
             return Ok(None);
         }
         text.parse().map(Some).map_err(serde::de::Error::custom)
+    }
+}
+
+/// `""` ⇄ None for optional file paths.
+mod optional_path {
+    use std::path::PathBuf;
+
+    use serde::{Deserialize, Deserializer, Serializer};
+
+    pub fn serialize<S: Serializer>(v: &Option<PathBuf>, s: S) -> Result<S::Ok, S::Error> {
+        match v {
+            Some(p) => s.collect_str(&p.display()),
+            None => s.serialize_str(""),
+        }
+    }
+
+    pub fn deserialize<'de, D: Deserializer<'de>>(d: D) -> Result<Option<PathBuf>, D::Error> {
+        let text = String::deserialize(d)?;
+        Ok((!text.trim().is_empty()).then(|| PathBuf::from(text)))
     }
 }
 
@@ -222,7 +258,8 @@ impl Config {
         Ok(())
     }
 
-    fn validate(&self) -> Result<(), ConfigError> {
+    /// Checks the rules no type expresses (limits at least 1, keys that go together).
+    pub fn validate(&self) -> Result<(), ConfigError> {
         let storage = &self.storage;
         let limits = &self.rate_limit;
         for (key, value) in [
@@ -260,6 +297,11 @@ impl Config {
             if value == 0 {
                 return Err(ConfigError::Invalid(format!("{key} must be at least 1")));
             }
+        }
+        if self.http.tls_cert_file.is_some() != self.http.tls_key_file.is_some() {
+            return Err(ConfigError::Invalid(
+                "http.tls_cert_file and http.tls_key_file go together: set both or neither".into(),
+            ));
         }
         if storage.max_value_bytes == 0 {
             return Err(ConfigError::Invalid(

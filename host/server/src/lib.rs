@@ -2,7 +2,8 @@
 //!
 //! Layers, top to bottom: the HTTP servers ([`client_server`], [`admin_server`],
 //! [`metrics_server`]) → [`service`] (the rules) → [`persistence`] (sqlx metadata,
-//! object_store blobs). [`app`] builds the context and runs the listeners ([`serve`]);
+//! object_store blobs). [`app`] builds the context and runs the listeners ([`serve`],
+//! with [`tls`] for the raw-public-key and X.509 listeners);
 //! [`config`] loads settings; [`rate_limit`] and [`metrics`] wrap client requests;
 //! `main.rs` only parses the command line.
 
@@ -19,6 +20,7 @@ pub mod rate_limit;
 pub mod serve;
 pub mod server_key;
 pub mod service;
+pub mod tls;
 
 pub use app::{AppContext, Homeserver, StartError};
 pub use config::Config;

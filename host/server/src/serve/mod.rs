@@ -1,4 +1,4 @@
-//! Serving one listener: accept, register the connection (at most `max_connections`,
+//! Serving one listener: accept, complete the TLS handshake on a TLS listener, register the connection (at most `max_connections`,
 //! the longest-idle giving way at the limit), serve HTTP/1.1 and HTTP/2, and on shutdown
 //! stop accepting, then let open connections finish.
 //!
@@ -15,6 +15,7 @@ mod parse_error_body;
 
 use std::convert::Infallible;
 use std::net::SocketAddr;
+use std::sync::Arc;
 use std::sync::atomic::Ordering;
 use std::time::{Duration, Instant};
 
@@ -24,7 +25,8 @@ use axum::extract::ConnectInfo;
 use hyper::body::Incoming;
 use hyper_util::rt::{TokioExecutor, TokioIo, TokioTimer};
 use hyper_util::server::conn::auto;
-use tokio::net::{TcpListener, TcpStream};
+use tokio::io::{AsyncRead, AsyncWrite};
+use tokio::net::TcpListener;
 use tokio_util::sync::CancellationToken;
 use tokio_util::task::TaskTracker;
 use tower::ServiceExt;
@@ -54,14 +56,26 @@ pub struct ConnectionLimits {
     pub max_connections: usize,
 }
 
+/// Whether a listener speaks TLS.
+#[derive(Clone)]
+pub enum Transport {
+    Plain,
+    Tls(Arc<rustls::ServerConfig>),
+}
+
 pub async fn serve(
     name: &'static str,
     listener: TcpListener,
+    transport: Transport,
     router: Router,
     stop: CancellationToken,
     limits: ConnectionLimits,
     open_connections: prometheus::IntGauge,
 ) {
+    let tls = match transport {
+        Transport::Plain => None,
+        Transport::Tls(config) => Some(tokio_rustls::TlsAcceptor::from(config)),
+    };
     let registry = Connections::new(limits.max_connections, open_connections);
     let tracker = TaskTracker::new();
     let mut builder = auto::Builder::new(TokioExecutor::new());
@@ -106,16 +120,37 @@ pub async fn serve(
         // Without it a response written in parts (headers, then a streamed body) waits
         // ~40 ms for the peer's delayed ACK.
         let _ = tcp.set_nodelay(true);
-        tracker.spawn(serve_connection(
+        let connection = Connection {
             name,
-            tcp,
             peer,
-            router.clone(),
-            builder.clone(),
+            router: router.clone(),
+            builder: builder.clone(),
             admitted,
             limits,
-            stop.clone(),
-        ));
+            stop: stop.clone(),
+            opened: Instant::now(),
+        };
+        match &tls {
+            None => {
+                tracker.spawn(connection.serve(tcp));
+            }
+            Some(acceptor) => {
+                let acceptor = acceptor.clone();
+                tracker.spawn(async move {
+                    // The handshake counts against the first request's deadline.
+                    let deadline = connection.limits.header_read_timeout;
+                    match tokio::time::timeout(deadline, acceptor.accept(tcp)).await {
+                        Ok(Ok(stream)) => connection.serve(stream).await,
+                        Ok(Err(e)) => {
+                            tracing::debug!(listener = name, %peer, error = %e, "TLS handshake failed");
+                        }
+                        Err(_) => {
+                            tracing::debug!(listener = name, %peer, "TLS handshake not done in time");
+                        }
+                    }
+                });
+            }
+        }
     }
     drop(listener);
     tracker.close();
@@ -130,84 +165,100 @@ pub async fn serve(
     }
 }
 
-#[allow(clippy::too_many_arguments)]
-async fn serve_connection(
+/// One accepted connection and what serving it needs.
+struct Connection {
     name: &'static str,
-    tcp: TcpStream,
     peer: SocketAddr,
     router: Router,
     builder: auto::Builder<TokioExecutor>,
     admitted: Admitted,
     limits: ConnectionLimits,
     stop: CancellationToken,
-) {
-    let state = admitted.state.clone();
-    let dispatched = Dispatched::default();
-    let service = {
-        let state = state.clone();
-        let dispatched = dispatched.clone();
-        hyper::service::service_fn(move |mut request: hyper::Request<Incoming>| {
-            dispatched.store(true, Ordering::Release);
-            let in_flight = state.request_started();
-            request
-                .extensions_mut()
-                .insert(ConnectInfo::<SocketAddr>(peer));
-            let response = router.clone().oneshot(request.map(Body::new));
-            async move {
-                let response = response.await.unwrap_or_else(|e: Infallible| match e {});
-                Ok::<_, Infallible>(response.map(|body| TrackedBody::new(body, in_flight)))
-            }
-        })
-    };
-    let io = TokioIo::new(ParseErrorBody::new(tcp, dispatched));
-    let connection = builder.serve_connection_with_upgrades(io, service);
-    tokio::pin!(connection);
+    opened: Instant,
+}
 
-    let opened = Instant::now();
-    let mut closing: Option<tokio::time::Instant> = None;
-    loop {
-        // The next moment a deadline may have passed.
-        let check_in = if state.served() == 0 {
-            limits.header_read_timeout.saturating_sub(opened.elapsed())
-        } else {
-            limits.idle_timeout.saturating_sub(state.idle_for())
-        }
-        .max(Duration::from_millis(10));
-        tokio::select! {
-            result = connection.as_mut() => {
-                if let Err(e) = result {
-                    tracing::debug!(listener = name, %peer, error = %e, "connection ended with an error");
+impl Connection {
+    async fn serve<I>(self, io: I)
+    where
+        I: AsyncRead + AsyncWrite + Unpin + Send + 'static,
+    {
+        let Connection {
+            name,
+            peer,
+            router,
+            builder,
+            admitted,
+            limits,
+            stop,
+            opened,
+        } = self;
+        let state = admitted.state.clone();
+        let dispatched = Dispatched::default();
+        let service = {
+            let state = state.clone();
+            let dispatched = dispatched.clone();
+            hyper::service::service_fn(move |mut request: hyper::Request<Incoming>| {
+                dispatched.store(true, Ordering::Release);
+                let in_flight = state.request_started();
+                request
+                    .extensions_mut()
+                    .insert(ConnectInfo::<SocketAddr>(peer));
+                let response = router.clone().oneshot(request.map(Body::new));
+                async move {
+                    let response = response.await.unwrap_or_else(|e: Infallible| match e {});
+                    Ok::<_, Infallible>(response.map(|body| TrackedBody::new(body, in_flight)))
                 }
-                break;
+            })
+        };
+        let io = TokioIo::new(ParseErrorBody::new(io, dispatched));
+        let connection = builder.serve_connection_with_upgrades(io, service);
+        tokio::pin!(connection);
+
+        let mut closing: Option<tokio::time::Instant> = None;
+        loop {
+            // The next moment a deadline may have passed.
+            let check_in = if state.served() == 0 {
+                limits.header_read_timeout.saturating_sub(opened.elapsed())
+            } else {
+                limits.idle_timeout.saturating_sub(state.idle_for())
             }
-            _ = state.evicted().cancelled(), if closing.is_none() => {
-                if state.served() == 0 {
-                    break; // never spoke: nothing to finish
-                }
-                connection.as_mut().graceful_shutdown();
-                closing = Some(tokio::time::Instant::now() + CLOSE_GRACE);
-            }
-            _ = stop.cancelled(), if closing.is_none() => {
-                connection.as_mut().graceful_shutdown();
-                closing = Some(tokio::time::Instant::now() + DRAIN_TIMEOUT);
-            }
-            _ = tokio::time::sleep(check_in), if closing.is_none() => {
-                if state.served() == 0 && opened.elapsed() >= limits.header_read_timeout {
-                    tracing::debug!(listener = name, %peer, "no request head in time; closing");
+            .max(Duration::from_millis(10));
+            tokio::select! {
+                result = connection.as_mut() => {
+                    if let Err(e) = result {
+                        tracing::debug!(listener = name, %peer, error = %e, "connection ended with an error");
+                    }
                     break;
                 }
-                if state.served() > 0 && state.is_idle() && state.idle_for() >= limits.idle_timeout {
+                _ = state.evicted().cancelled(), if closing.is_none() => {
+                    if state.served() == 0 {
+                        break; // never spoke: nothing to finish
+                    }
                     connection.as_mut().graceful_shutdown();
                     closing = Some(tokio::time::Instant::now() + CLOSE_GRACE);
                 }
-            }
-            _ = sleep_until_or_never(closing) => {
-                tracing::debug!(listener = name, %peer, "connection did not close in time; dropping it");
-                break;
+                _ = stop.cancelled(), if closing.is_none() => {
+                    connection.as_mut().graceful_shutdown();
+                    closing = Some(tokio::time::Instant::now() + DRAIN_TIMEOUT);
+                }
+                _ = tokio::time::sleep(check_in), if closing.is_none() => {
+                    if state.served() == 0 && opened.elapsed() >= limits.header_read_timeout {
+                        tracing::debug!(listener = name, %peer, "no request head in time; closing");
+                        break;
+                    }
+                    if state.served() > 0 && state.is_idle() && state.idle_for() >= limits.idle_timeout {
+                        connection.as_mut().graceful_shutdown();
+                        closing = Some(tokio::time::Instant::now() + CLOSE_GRACE);
+                    }
+                }
+                _ = sleep_until_or_never(closing) => {
+                    tracing::debug!(listener = name, %peer, "connection did not close in time; dropping it");
+                    break;
+                }
             }
         }
+        drop(admitted);
     }
-    drop(admitted);
 }
 
 async fn sleep_until_or_never(deadline: Option<tokio::time::Instant>) {

@@ -34,6 +34,7 @@ pub fn test_config(dir: &std::path::Path) -> Config {
     config.admin.listen = "127.0.0.1:0".parse().unwrap();
     config.admin.password = ADMIN_PASSWORD.into();
     config.metrics.listen = Some("127.0.0.1:0".parse().unwrap());
+    // Raw-public-key TLS is off by default; the tests that want it ask for it.
     // Tests make many anonymous requests from one IP; rate-limit tests turn this on.
     config.rate_limit.enabled = false;
     config

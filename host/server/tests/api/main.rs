@@ -17,3 +17,4 @@ mod sessions;
 mod signup;
 mod storage;
 mod store;
+mod tls;
