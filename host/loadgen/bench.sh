@@ -21,6 +21,9 @@
 #   BENCH_SERVER_LOG [warn]     RUST_LOG for the homeserver
 #   BENCH_KEEP_TMP [0]          1: keep the throwaway data dir (path printed)
 #   BENCH_POLICIES_DIR [policies/]  guests copied into the throwaway policies dir
+#   BENCH_BACKEND [sqlite]      postgres: PostgreSQL + S3 (moto), needs psql and moto
+#   BENCH_POSTGRES_URL [postgres://postgres@127.0.0.1:5432/test]  where a database is made
+#   BENCH_INSTANCES [1]         2: two instances on PostgreSQL + S3, load spread over both
 # put-1m writes a new 1 MiB value per request: expect a few GiB in the temp dir.
 
 set -euo pipefail
@@ -32,6 +35,9 @@ CONNECTIONS_1M=${BENCH_CONNECTIONS_1M:-8}
 THREADS=${BENCH_THREADS:-}
 SCENARIOS=${BENCH_SCENARIOS:-put-1k get-1k public-get-1k session-get-1k put-1m get-1m public-get-1m}
 BASELINE_ONLY=${BENCH_BASELINE_ONLY:-0}
+BACKEND=${BENCH_BACKEND:-sqlite}
+INSTANCES=${BENCH_INSTANCES:-1}
+ALSO=()
 BENCH_NAME=bench
 # shellcheck source=bench-common.sh
 source "$(dirname "${BASH_SOURCE[0]}")/bench-common.sh"
@@ -40,7 +46,7 @@ source "$(dirname "${BASH_SOURCE[0]}")/bench-common.sh"
 measure() {
     local label=$1 port=$2 scenario=$3 connections=$4 line
     local args=(run --url "http://127.0.0.1:$port" --scenario "$scenario"
-        --connections "$connections" --duration "$DURATION" --warmup "$WARMUP")
+        --connections "$connections" --duration "$DURATION" --warmup "$WARMUP" "${ALSO[@]}")
     [[ -n $THREADS ]] && args+=(--threads "$THREADS")
     log "$label: $scenario, $connections connections, ${WARMUP}+${DURATION} s"
     if line=$("$LOAD" "${args[@]}"); then
@@ -83,22 +89,42 @@ for body in 1024 1048576; do
     stop "$pid"
 done
 
-# ---- homeserver ----
-if [[ $BASELINE_ONLY != 1 ]]; then
+# ---- backends ----
+# BENCH_BACKEND=postgres: a fresh database on $BENCH_POSTGRES_URL's server and a bucket
+# on a moto_server started here (target/tools/moto, as .ci/run installs it).
+DB_URL=sqlite://$TMP/hs.db
+BLOBS_URL=file://$TMP/blobs
+S3_ENV=()
+if [[ $BACKEND == postgres ]]; then
+    pg_admin=${BENCH_POSTGRES_URL:-postgres://postgres@127.0.0.1:5432/test}
+    db=hs_bench_$$
+    psql "$pg_admin" -qc "CREATE DATABASE $db" >&2
+    trap 'psql "$pg_admin" -qc "DROP DATABASE IF EXISTS $db WITH (FORCE)" >/dev/null 2>&1; cleanup' EXIT
+    DB_URL=${pg_admin%/*}/$db
+    moto=${BENCH_MOTO:-$ROOT/target/tools/moto/bin/moto_server}
     free_port
-    port=$PORT
-    free_port
-    admin_port=$PORT
-    free_port
-    metrics_port=$PORT
-    free_port
-    tls_port=$PORT
-    mkdir -p "$TMP/policies" "$TMP/blobs"
-    # The guests the repository ships (a copy: the server may write next to them).
-    if [[ -d $POLICIES_SRC ]]; then
-        cp -R "$POLICIES_SRC/." "$TMP/policies/"
-    fi
-    log "homeserver on 127.0.0.1:$port, data in $TMP"
+    s3_port=$PORT
+    "$moto" -H 127.0.0.1 -p "$s3_port" >"$TMP/moto.log" 2>&1 &
+    PIDS+=("$!")
+    wait_port "$!" "$s3_port" "$TMP/moto.log"
+    curl -fsS -X PUT "http://127.0.0.1:$s3_port/hs-bench" >/dev/null
+    BLOBS_URL=s3://hs-bench
+    S3_ENV=(HOMESERVER__S3__ENDPOINT=http://127.0.0.1:$s3_port HOMESERVER__S3__REGION=us-east-1
+        HOMESERVER__S3__PATH_STYLE=true HOMESERVER__S3__ALLOW_HTTP=true
+        HOMESERVER__S3__ACCESS_KEY_ID=bench HOMESERVER__S3__SECRET_ACCESS_KEY=bench)
+    log "PostgreSQL database $db, moto on 127.0.0.1:$s3_port"
+elif [[ $INSTANCES != 1 ]]; then
+    log "BENCH_INSTANCES=$INSTANCES needs BENCH_BACKEND=postgres (SQLite is one process's)"
+    exit 2
+fi
+
+# start_homeserver N: instance N on a free port (sets PORT to it).
+start_homeserver() {
+    local n=$1 port admin_port metrics_port pid
+    free_port; port=$PORT
+    free_port; admin_port=$PORT
+    free_port; metrics_port=$PORT
+    log "homeserver $n on 127.0.0.1:$port ($DB_URL, $BLOBS_URL), data in $TMP"
     (
         cd "$TMP"
         export RUST_LOG=$SERVER_LOG
@@ -112,11 +138,8 @@ if [[ $BASELINE_ONLY != 1 ]]; then
         if has_section metrics; then
             export HOMESERVER__METRICS__LISTEN=127.0.0.1:$metrics_port
         fi
-        if has_section tls; then
-            export HOMESERVER__TLS__LISTEN=127.0.0.1:$tls_port
-        fi
-        export HOMESERVER__STORAGE__DATABASE_URL=sqlite://$TMP/hs.db
-        export HOMESERVER__STORAGE__BLOBS=file://$TMP/blobs
+        export HOMESERVER__STORAGE__DATABASE_URL=$DB_URL
+        export HOMESERVER__STORAGE__BLOBS=$BLOBS_URL
         export HOMESERVER__STORAGE__QUOTA_BYTES=0
         export HOMESERVER__KEYS__SECRET_KEY_FILE=$TMP/server.key
         export HOMESERVER__POLICIES__DIR=$TMP/policies
@@ -124,25 +147,50 @@ if [[ $BASELINE_ONLY != 1 ]]; then
         if has_section rate_limit; then
             export HOMESERVER__RATE_LIMIT__ENABLED=false
         fi
+        [[ ${#S3_ENV[@]} -eq 0 ]] || export "${S3_ENV[@]}"
         exec "$HOMESERVER"
-    ) >"$TMP/homeserver.log" 2>&1 &
+    ) >"$TMP/homeserver-$n.log" 2>&1 &
     pid=$!
     PIDS+=("$pid")
-    wait_port "$pid" "$port" "$TMP/homeserver.log"
+    wait_port "$pid" "$port" "$TMP/homeserver-$n.log"
+    PORT=$port
+    LAST_PID=$pid
+}
+
+# ---- homeserver ----
+if [[ $BASELINE_ONLY != 1 ]]; then
+    mkdir -p "$TMP/policies" "$TMP/blobs"
+    # The guests the repository ships (a copy: the server may write next to them).
+    if [[ -d $POLICIES_SRC ]]; then
+        cp -R "$POLICIES_SRC/." "$TMP/policies/"
+    fi
+    server_pids=()
+    ALSO=()
+    for n in $(seq 1 "$INSTANCES"); do
+        start_homeserver "$n"
+        server_pids+=("$LAST_PID")
+        if [[ $n == 1 ]]; then port=$PORT; else ALSO+=(--also-url "http://127.0.0.1:$PORT"); fi
+    done
+    label="homeserver ($BACKEND"
+    [[ $BACKEND == postgres ]] && label+=" + S3 (moto)"
+    [[ $INSTANCES != 1 ]] && label+=", $INSTANCES instances"
+    label+=")"
     for scenario in $SCENARIOS; do
         if [[ $scenario == *-1m ]]; then
-            measure homeserver "$port" "$scenario" "$CONNECTIONS_1M"
+            measure "$label" "$port" "$scenario" "$CONNECTIONS_1M"
         else
-            measure homeserver "$port" "$scenario" "$CONNECTIONS"
+            measure "$label" "$port" "$scenario" "$CONNECTIONS"
         fi
-        if ! kill -0 "$pid" 2>/dev/null; then
-            log "homeserver died; log tail:"
-            tail -n 30 "$TMP/homeserver.log" >&2
-            FAILED=1
-            break
-        fi
+        for pid in "${server_pids[@]}"; do
+            if ! kill -0 "$pid" 2>/dev/null; then
+                log "a homeserver died; log tails:"
+                tail -n 30 "$TMP"/homeserver-*.log >&2
+                FAILED=1
+                break 2
+            fi
+        done
     done
-    stop "$pid"
+    for pid in "${server_pids[@]}"; do stop "$pid"; done
 fi
 
 # ---- report ----

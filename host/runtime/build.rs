@@ -1,11 +1,17 @@
 //! Builds the guests workspace (`guests/`) for wasm32-wasip2, so the default guests can be
 //! compiled into the runtime (`include_bytes!` in src/builtin.rs) and the test guests
 //! are at hand for the tests. This keeps `cargo run -p homeserver` working on a fresh
-//! clone with nothing but the Rust toolchain (rust-toolchain.toml installs the target).
+//! clone with nothing but the Rust toolchain.
 //!
 //! The nested cargo gets its own target directory next to the outer build's profile
 //! directories (`<target>/wasm-guests`), shared by debug and release builds, so a clean
 //! guest build (~1.5 min on 2 cores) happens once per target directory.
+//!
+//! rustup installs the `targets` of rust-toolchain.toml only when it installs the
+//! toolchain itself, so a machine that already had Rust 1.95 lacks wasm32-wasip2. This
+//! script looks for the target in the compiler's sysroot and, when it is missing, adds it
+//! with `rustup target add` (a one-time download of ~20 MB) before building the guests.
+//! Set `HOMESERVER_NO_TARGET_INSTALL=1` to be told instead.
 //!
 //! Set `HOMESERVER_SKIP_GUEST_BUILD=1` to skip it (e.g. a machine without the wasm
 //! target): the runtime then has no built-in guests and serves only modules found in
@@ -38,8 +44,12 @@ const LEAKY_ENV: [&str; 10] = [
     "CARGO_LLVM_COV",
 ];
 
+/// The target the guests are built for.
+const WASM_TARGET: &str = "wasm32-wasip2";
+
 fn main() {
     println!("cargo:rerun-if-env-changed=HOMESERVER_SKIP_GUEST_BUILD");
+    println!("cargo:rerun-if-env-changed=HOMESERVER_NO_TARGET_INSTALL");
     let manifest_dir = PathBuf::from(env::var("CARGO_MANIFEST_DIR").expect("CARGO_MANIFEST_DIR"));
     let out_dir = PathBuf::from(env::var("OUT_DIR").expect("OUT_DIR"));
     let repo = manifest_dir.join("../..");
@@ -52,7 +62,7 @@ fn main() {
         .ancestors()
         .nth(4)
         .map_or_else(|| out_dir.join("wasm-guests"), |t| t.join("wasm-guests"));
-    let built = target_dir.join("wasm32-wasip2").join("release");
+    let built = target_dir.join(WASM_TARGET).join("release");
 
     if skip {
         println!("cargo:warning=HOMESERVER_SKIP_GUEST_BUILD is set: no built-in guests");
@@ -60,6 +70,7 @@ fn main() {
             fs::write(out_dir.join(format!("{slot}.wasm")), b"").expect("write placeholder");
         }
     } else {
+        ensure_wasm_target();
         build_guests(&guests, &target_dir);
         for (file, slot) in DEFAULT_GUESTS {
             let from = built.join(format!("{file}.wasm"));
@@ -71,6 +82,57 @@ fn main() {
     println!("cargo:rustc-env=HOMESERVER_TEST_GUESTS={}", built.display());
 }
 
+/// Makes sure the compiler has the standard library of [`WASM_TARGET`], installing it
+/// through rustup when it is missing.
+fn ensure_wasm_target() {
+    let rustc = env::var("RUSTC").unwrap_or_else(|_| "rustc".to_owned());
+    let sysroot = Command::new(&rustc)
+        .args(["--print", "sysroot"])
+        .output()
+        .ok()
+        .filter(|o| o.status.success())
+        .map(|o| PathBuf::from(String::from_utf8_lossy(&o.stdout).trim()));
+    let Some(sysroot) = sysroot else {
+        // Cannot tell; the guest build below reports a missing target itself.
+        return;
+    };
+    if sysroot.join("lib/rustlib").join(WASM_TARGET).is_dir() {
+        return;
+    }
+    let hint = format!(
+        "the {WASM_TARGET} target (the Wasm guests are built for it) is not installed for \
+         the compiler at {}",
+        sysroot.display()
+    );
+    if env::var_os("HOMESERVER_NO_TARGET_INSTALL").is_some_and(|v| !v.is_empty() && v != "0") {
+        panic!(
+            "{hint}. Install it with `rustup target add {WASM_TARGET}`, or set \
+             HOMESERVER_SKIP_GUEST_BUILD=1 to build without built-in guests."
+        );
+    }
+    println!("cargo:warning={hint}: installing it with `rustup target add {WASM_TARGET}`");
+    let mut rustup = Command::new("rustup");
+    rustup.args(["target", "add", WASM_TARGET]);
+    // The toolchain this build runs on (set by rustup's proxies), so the target lands
+    // in the right toolchain even when several are installed.
+    if let Ok(toolchain) = env::var("RUSTUP_TOOLCHAIN") {
+        rustup.args(["--toolchain", &toolchain]);
+    }
+    match rustup.status() {
+        Ok(status) if status.success() => {}
+        Ok(status) => panic!(
+            "{hint}, and `rustup target add {WASM_TARGET}` failed ({status}). Run it by hand \
+             (it needs network access once), or set HOMESERVER_SKIP_GUEST_BUILD=1 to build \
+             without built-in guests."
+        ),
+        Err(e) => panic!(
+            "{hint}, and rustup could not be run ({e}). Install the target for this \
+             compiler (with rustup: `rustup target add {WASM_TARGET}`), or set \
+             HOMESERVER_SKIP_GUEST_BUILD=1 to build without built-in guests."
+        ),
+    }
+}
+
 fn build_guests(guests: &Path, target_dir: &Path) {
     let cargo = env::var("CARGO").unwrap_or_else(|_| "cargo".to_owned());
     let mut command = Command::new(cargo);
@@ -79,7 +141,7 @@ fn build_guests(guests: &Path, target_dir: &Path) {
             "build",
             "--release",
             "--target",
-            "wasm32-wasip2",
+            WASM_TARGET,
             "--manifest-path",
         ])
         .arg(guests.join("Cargo.toml"))

@@ -5,7 +5,13 @@
 //! (someone else's public data), send, and turn a non-2xx answer into
 //! [`ClientError::Api`]. Writes get their timestamp from the [`RequestClock`]; a write
 //! the server still refuses as a replay (an identical one from another process in the
-//! same second) is retried once with a later timestamp.
+//! same second) is retried with a later timestamp (at most three times).
+//!
+//! A request the server turns away for load (429 `rate_limit_exceeded`, 503
+//! `service_unavailable`) is retried after the server's `Retry-After`, a bounded number
+//! of times and never after a wait longer than the [`RetryPolicy`] allows; every retry is
+//! signed afresh (a write's signature is accepted once, and the wait may be long). An
+//! observer set with [`PkClient::on_retry`] hears about each wait (`pk` prints it).
 //!
 //! Bodies are streamed both ways: a file is hashed in a first pass and then streamed
 //! from disk, an arbitrary reader is spooled to an anonymous temporary file, and a GET
@@ -17,13 +23,16 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use bytes::Bytes;
+use futures_util::StreamExt;
 use homeserver_protocol::wire::{
     DeleteResult, ListEntry, ListResult, PutResult, SessionCreated, SessionRequest, SignupResult,
 };
 use homeserver_protocol::{
     AuthHeader, BodyHash, CONTENT_DIGEST_HEADER, Keypair, PublicKey, StoragePath,
 };
-use reqwest::header::{AUTHORIZATION, CONTENT_LENGTH, CONTENT_TYPE, IF_NONE_MATCH};
+use reqwest::header::{
+    AUTHORIZATION, CONTENT_LENGTH, CONTENT_TYPE, HeaderMap, HeaderName, IF_NONE_MATCH, RETRY_AFTER,
+};
 use reqwest::{Method, Response, StatusCode};
 use serde_json::de::from_slice;
 use sha2::{Digest, Sha256};
@@ -36,11 +45,18 @@ use crate::error::ClientError;
 use crate::response::{EntryMeta, GetResponse};
 use crate::target::{ListOptions, RequestTarget, signup_query};
 
+pub use homeserver_protocol::wire::AccountInfo;
+
 /// The homeserver a client talks to when none is given.
 pub const DEFAULT_HOMESERVER: &str = "http://127.0.0.1:6286";
 
 /// Header naming whose public data a read is about.
 pub const PUBKY_HOST_HEADER: &str = "pubky-host";
+
+/// How often a write refused as a replay is signed again with a later timestamp. Each
+/// retry moves this client's clock one second ahead of identical writes it cannot see
+/// (another process's), far inside the server's 300 s skew window.
+const MAX_REPLAY_RETRIES: u32 = 3;
 
 /// Chunk size for hashing, spooling and streaming bodies.
 const CHUNK: usize = 64 * 1024;
@@ -53,14 +69,90 @@ pub struct PkClient {
     base: Url,
     keypair: Option<Keypair>,
     clock: Arc<RequestClock>,
+    retry: RetryPolicy,
+    on_retry: Option<RetryObserver>,
 }
 
-/// How a read is authorized.
-enum Reader<'a> {
-    /// The caller's own data: signed.
-    Own(&'a Keypair),
+/// How requests turned away for load (429, 503) are retried.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct RetryPolicy {
+    /// Retries after the first attempt; 0 turns retrying off.
+    pub max_retries: u32,
+    /// The longest wait accepted: a server asking for more is not retried (its error is
+    /// returned at once, saying how long it asked for).
+    pub max_wait: Duration,
+    /// The wait when the answer carries no usable `Retry-After`.
+    pub default_wait: Duration,
+}
+
+impl Default for RetryPolicy {
+    fn default() -> Self {
+        Self {
+            max_retries: 5,
+            max_wait: Duration::from_secs(60),
+            default_wait: Duration::from_secs(1),
+        }
+    }
+}
+
+impl RetryPolicy {
+    /// No retries: every 429 or 503 is returned as it is.
+    pub fn never() -> Self {
+        Self {
+            max_retries: 0,
+            ..Self::default()
+        }
+    }
+}
+
+/// What a [`PkClient`] tells its retry observer before it waits and retries.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct RetryNotice {
+    pub method: Method,
+    /// The request target (path and query).
+    pub target: String,
+    /// The answer that is retried: 429 or 503.
+    pub status: StatusCode,
+    /// How long the client waits before the retry.
+    pub wait: Duration,
+    /// Which retry this is (1 for the first) and how many are allowed.
+    pub retry: u32,
+    pub max_retries: u32,
+}
+
+/// A callback told about every retry; see [`PkClient::on_retry`].
+#[derive(Clone)]
+struct RetryObserver(Arc<dyn Fn(&RetryNotice) + Send + Sync>);
+
+impl std::fmt::Debug for RetryObserver {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("RetryObserver")
+    }
+}
+
+/// Told the number of body bytes handed to the connection so far in the current attempt
+/// (it starts again from 0 when a request is retried). For progress bars.
+pub type Progress = Arc<dyn Fn(u64) + Send + Sync>;
+
+/// Whether `POST /signup` registered the key now or found it registered already.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct SignupStatus {
+    pub result: SignupResult,
+    /// True when this request created the account (201); false when the key had signed
+    /// up before (200).
+    pub created: bool,
+}
+
+/// How a request is authorized.
+#[derive(Clone, Copy)]
+pub(crate) enum Auth<'a> {
+    /// Signed by the key: the caller's own data (or a request that should count
+    /// against the caller's own rate limit).
+    Sign(&'a Keypair),
     /// Someone's public data: `Pubky-Host`, no credentials.
     Public(PublicKey),
+    /// Nothing.
+    Anonymous,
 }
 
 /// A request body that can be produced again for a retry.
@@ -75,10 +167,15 @@ enum Payload {
 }
 
 impl Payload {
-    fn body(&self) -> Result<(reqwest::Body, u64), ClientError> {
+    fn body(&self, progress: Option<&Progress>) -> Result<(reqwest::Body, u64), ClientError> {
         match self {
             Payload::Empty => Ok((reqwest::Body::from(Bytes::new()), 0)),
-            Payload::Bytes(b) => Ok((reqwest::Body::from(b.clone()), b.len() as u64)),
+            Payload::Bytes(b) => {
+                if let Some(progress) = progress {
+                    progress(b.len() as u64);
+                }
+                Ok((reqwest::Body::from(b.clone()), b.len() as u64))
+            }
             Payload::File { file, len } => {
                 // The clone shares the offset with `file`: rewinding it rewinds both,
                 // which is what a retry needs.
@@ -88,7 +185,22 @@ impl Payload {
                 file.seek(SeekFrom::Start(0))
                     .map_err(|e| ClientError::io("cannot rewind the body file", e))?;
                 let stream = ReaderStream::with_capacity(tokio::fs::File::from_std(file), CHUNK);
-                Ok((reqwest::Body::wrap_stream(stream), *len))
+                let body = match progress {
+                    None => reqwest::Body::wrap_stream(stream),
+                    Some(progress) => {
+                        let progress = progress.clone();
+                        progress(0);
+                        let mut sent = 0u64;
+                        reqwest::Body::wrap_stream(stream.map(move |chunk| {
+                            if let Ok(chunk) = &chunk {
+                                sent += chunk.len() as u64;
+                                progress(sent);
+                            }
+                            chunk
+                        }))
+                    }
+                };
+                Ok((body, *len))
             }
         }
     }
@@ -116,16 +228,30 @@ impl PkClient {
             base: parse_base_url(base_url)?,
             keypair,
             clock: Arc::new(RequestClock::default()),
+            retry: RetryPolicy::default(),
+            on_retry: None,
         })
+    }
+
+    /// How answers 429 and 503 are retried ([`RetryPolicy::default`] unless changed).
+    pub fn with_retry_policy(mut self, policy: RetryPolicy) -> Self {
+        self.retry = policy;
+        self
+    }
+
+    pub fn retry_policy(&self) -> RetryPolicy {
+        self.retry
+    }
+
+    /// Calls `observer` before every wait for a retry (e.g. to tell a user why nothing
+    /// happens for a while).
+    pub fn on_retry(mut self, observer: impl Fn(&RetryNotice) + Send + Sync + 'static) -> Self {
+        self.on_retry = Some(RetryObserver(Arc::new(observer)));
+        self
     }
 
     pub fn base_url(&self) -> &Url {
         &self.base
-    }
-
-    /// The HTTP client requests go through.
-    pub(crate) fn http(&self) -> &reqwest::Client {
-        &self.http
     }
 
     pub fn keypair(&self) -> Option<&Keypair> {
@@ -137,14 +263,39 @@ impl PkClient {
         self.keypair.as_ref().map(Keypair::public_key)
     }
 
-    /// `POST /signup[?signup_token=T]`: registers this client's key with the homeserver.
+    /// `POST /signup[?signup_token=T]`: registers this client's key with the homeserver
+    /// (safe to repeat: a key that signed up before gets its account back). The token is
+    /// sent in upper case, the form the server makes them in.
     pub async fn signup(&self, token: Option<&str>) -> Result<SignupResult, ClientError> {
+        Ok(self.signup_status(token).await?.result)
+    }
+
+    /// Like [`signup`](Self::signup), and says whether the account was created now.
+    pub async fn signup_status(&self, token: Option<&str>) -> Result<SignupStatus, ClientError> {
         let query = signup_query(token);
         let target = RequestTarget::new(&self.base, "/signup", query.as_deref());
         let response = self
-            .send_write(Method::POST, &target, BodyHash::empty(), &Payload::Empty)
+            .send_write(
+                Method::POST,
+                &target,
+                BodyHash::empty(),
+                &Payload::Empty,
+                None,
+            )
             .await?;
-        json(response).await
+        let created = response.status() == StatusCode::CREATED;
+        Ok(SignupStatus {
+            result: json(response).await?,
+            created,
+        })
+    }
+
+    /// `GET /account`: this client's account (usage, quota in force, value size limit).
+    /// A key that never signed up gets a 404 ([`ClientError::is_not_found`]).
+    pub async fn account(&self) -> Result<AccountInfo, ClientError> {
+        let target = RequestTarget::new(&self.base, "/account", None);
+        let auth = Auth::Sign(self.signer()?);
+        json(self.send(Method::GET, &target, auth, None, &[]).await?).await
     }
 
     /// `POST /auth/session`: a bearer token limited to `capabilities`
@@ -167,6 +318,7 @@ impl PkClient {
                 &target,
                 BodyHash::of(&body),
                 &Payload::Bytes(body.clone()),
+                None,
             )
             .await?;
         json(response).await
@@ -181,12 +333,22 @@ impl PkClient {
         let path = entry_path(path)?;
         let body = body.into();
         let hash = BodyHash::of(&body);
-        self.put(&path, hash, Payload::Bytes(body)).await
+        self.put(&path, hash, Payload::Bytes(body), None).await
     }
 
     /// `PUT path` with the content of a local file, streamed from disk (hashed in a first
     /// pass, since the signature covers the body's SHA-256).
     pub async fn put_file(&self, path: &str, file: &Path) -> Result<PutResult, ClientError> {
+        self.put_file_with_progress(path, file, None).await
+    }
+
+    /// [`put_file`](Self::put_file), telling `progress` how many bytes went out so far.
+    pub async fn put_file_with_progress(
+        &self,
+        path: &str,
+        file: &Path,
+        progress: Option<Progress>,
+    ) -> Result<PutResult, ClientError> {
         let path = entry_path(path)?;
         let shown = file.display().to_string();
         let opened = std::fs::File::open(file)
@@ -195,14 +357,33 @@ impl PkClient {
             .await
             .map_err(|e| ClientError::io(format!("cannot read {shown}"), std::io::Error::other(e)))?
             .map_err(|e| ClientError::io(format!("cannot read {shown}"), e))?;
-        self.put(&path, hash, Payload::File { file: opened, len })
-            .await
+        self.put(
+            &path,
+            hash,
+            Payload::File { file: opened, len },
+            progress.as_ref(),
+        )
+        .await
     }
 
     /// `PUT path` with everything `reader` yields (e.g. standard input). The input is
     /// spooled to an anonymous temporary file first, because the body hash must be known
     /// before the request starts.
-    pub async fn put_reader<R>(&self, path: &str, mut reader: R) -> Result<PutResult, ClientError>
+    pub async fn put_reader<R>(&self, path: &str, reader: R) -> Result<PutResult, ClientError>
+    where
+        R: AsyncRead + Unpin,
+    {
+        self.put_reader_with_progress(path, reader, None).await
+    }
+
+    /// [`put_reader`](Self::put_reader), telling `progress` how many bytes of the spooled
+    /// input went out so far.
+    pub async fn put_reader_with_progress<R>(
+        &self,
+        path: &str,
+        mut reader: R,
+        progress: Option<Progress>,
+    ) -> Result<PutResult, ClientError>
     where
         R: AsyncRead + Unpin,
     {
@@ -237,6 +418,7 @@ impl PkClient {
             &path,
             BodyHash::from_hasher(hasher),
             Payload::File { file, len },
+            progress.as_ref(),
         )
         .await
     }
@@ -333,7 +515,13 @@ impl PkClient {
         let path = entry_path(path)?;
         let target = RequestTarget::new(&self.base, path.as_str(), None);
         let response = self
-            .send_write(Method::DELETE, &target, BodyHash::empty(), &Payload::Empty)
+            .send_write(
+                Method::DELETE,
+                &target,
+                BodyHash::empty(),
+                &Payload::Empty,
+                None,
+            )
             .await?;
         json(response).await
     }
@@ -343,10 +531,11 @@ impl PkClient {
         path: &StoragePath,
         hash: BodyHash,
         payload: Payload,
+        progress: Option<&Progress>,
     ) -> Result<PutResult, ClientError> {
         let target = RequestTarget::new(&self.base, path.as_str(), None);
         let response = self
-            .send_write(Method::PUT, &target, hash, &payload)
+            .send_write(Method::PUT, &target, hash, &payload, progress)
             .await?;
         json(response).await
     }
@@ -355,52 +544,50 @@ impl PkClient {
         self.keypair.as_ref().ok_or(ClientError::MissingKey)
     }
 
-    fn reader(&self, host: Option<PublicKey>) -> Result<Reader<'_>, ClientError> {
+    /// How a read of `host`'s data (`None`: the caller's own) is authorized.
+    fn reader(&self, host: Option<PublicKey>) -> Result<Auth<'_>, ClientError> {
         match (host, &self.keypair) {
-            (Some(host), Some(keypair)) if keypair.public_key() == host => Ok(Reader::Own(keypair)),
-            (Some(host), _) => Ok(Reader::Public(host)),
-            (None, Some(keypair)) => Ok(Reader::Own(keypair)),
+            (Some(host), Some(keypair)) if keypair.public_key() == host => Ok(Auth::Sign(keypair)),
+            (Some(host), _) => Ok(Auth::Public(host)),
+            (None, Some(keypair)) => Ok(Auth::Sign(keypair)),
             (None, None) => Err(ClientError::MissingKey),
         }
     }
 
-    /// A signed write; retried once if the server has seen its signature before.
+    /// Signed when the client has a key (so the request counts against the key's rate
+    /// limit rather than the IP's), anonymous otherwise: for endpoints that need no
+    /// credentials, such as the event feed and streams.
+    pub(crate) fn optional_signature(&self) -> Auth<'_> {
+        self.keypair.as_ref().map_or(Auth::Anonymous, Auth::Sign)
+    }
+
+    /// A signed write; retried with a later timestamp if the server has seen its
+    /// signature before (identical writes from other processes in the same second).
     async fn send_write(
         &self,
         method: Method,
         target: &RequestTarget,
         body_hash: BodyHash,
         payload: &Payload,
+        progress: Option<&Progress>,
     ) -> Result<Response, ClientError> {
         let keypair = self.signer()?;
-        let mut retried = false;
+        let body = Some(WriteBody {
+            hash: &body_hash,
+            payload,
+            progress,
+        });
+        let mut replays = 0;
         loop {
-            let timestamp = self
-                .clock
-                .write_timestamp(method.as_str(), &target.target, &body_hash);
-            let auth = AuthHeader::sign(
-                keypair,
-                method.as_str(),
-                &target.target,
-                timestamp,
-                &body_hash,
-            );
-            let (body, len) = payload.body()?;
-            let response = self
-                .http
-                .request(method.clone(), target.url.clone())
-                .header(AUTHORIZATION, auth.to_header_value())
-                // The body's hash up front: the server checks the signature before it
-                // reads the body, streams it straight to storage, and counts the
-                // request against this key's rate limit rather than the IP's.
-                .header(CONTENT_DIGEST_HEADER, body_hash.to_content_digest())
-                .header(CONTENT_TYPE, "application/octet-stream")
-                .header(CONTENT_LENGTH, len)
-                .body(body)
-                .send()
-                .await?;
-            match check(response).await {
-                Err(e) if !retried && e.is_replay_refusal() => retried = true,
+            match self
+                .send(method.clone(), target, Auth::Sign(keypair), body, &[])
+                .await
+            {
+                // A fresh timestamp comes from the clock: an identical write gets a
+                // later one than the refused attempt.
+                Err(e) if e.is_replay_refusal() && replays < MAX_REPLAY_RETRIES => {
+                    replays += 1;
+                }
                 other => return other,
             }
         }
@@ -413,30 +600,128 @@ impl PkClient {
         host: Option<PublicKey>,
         if_none_match: Option<&str>,
     ) -> Result<Response, ClientError> {
-        let mut request = self.http.request(method.clone(), target.url.clone());
-        match self.reader(host)? {
-            Reader::Own(keypair) => {
-                let timestamp = self.clock.read_timestamp();
-                let auth = AuthHeader::sign(
-                    keypair,
-                    method.as_str(),
-                    &target.target,
-                    timestamp,
-                    &BodyHash::empty(),
-                );
-                request = request.header(AUTHORIZATION, auth.to_header_value());
-            }
-            Reader::Public(host) => request = request.header(PUBKY_HOST_HEADER, host.to_z32()),
-        }
-        if let Some(etag) = if_none_match {
-            request = request.header(IF_NONE_MATCH, etag);
-        }
-        let response = request.send().await?;
-        if response.status() == StatusCode::NOT_MODIFIED {
-            return Ok(response);
-        }
-        check(response).await
+        let auth = self.reader(host)?;
+        let extra: Vec<(HeaderName, String)> = if_none_match
+            .map(|etag| (IF_NONE_MATCH, etag.to_owned()))
+            .into_iter()
+            .collect();
+        self.send(method, target, auth, None, &extra).await
     }
+
+    /// Sends a request, signing every attempt afresh, and retries answers 429 and 503
+    /// as the [`RetryPolicy`] allows. A 2xx or 304 answer is returned; any other becomes
+    /// a [`ClientError`].
+    pub(crate) async fn send(
+        &self,
+        method: Method,
+        target: &RequestTarget,
+        auth: Auth<'_>,
+        body: Option<WriteBody<'_>>,
+        extra_headers: &[(HeaderName, String)],
+    ) -> Result<Response, ClientError> {
+        let mut retry = 0u32;
+        loop {
+            let mut request = self.http.request(method.clone(), target.url.clone());
+            for (name, value) in extra_headers {
+                request = request.header(name, value);
+            }
+            let empty = BodyHash::empty();
+            let body_hash = body.map_or(&empty, |b| b.hash);
+            match auth {
+                Auth::Sign(keypair) => {
+                    let timestamp = if body.is_some() {
+                        self.clock
+                            .write_timestamp(method.as_str(), &target.target, body_hash)
+                    } else {
+                        self.clock.read_timestamp()
+                    };
+                    let header = AuthHeader::sign(
+                        keypair,
+                        method.as_str(),
+                        &target.target,
+                        timestamp,
+                        body_hash,
+                    );
+                    request = request.header(AUTHORIZATION, header.to_header_value());
+                }
+                Auth::Public(host) => request = request.header(PUBKY_HOST_HEADER, host.to_z32()),
+                Auth::Anonymous => {}
+            }
+            if let Some(body) = body {
+                let (stream, len) = body.payload.body(body.progress)?;
+                request = request
+                    // The body's hash up front: the server checks the signature before
+                    // it reads the body, streams it straight to storage, and counts the
+                    // request against this key's rate limit rather than the IP's.
+                    .header(CONTENT_DIGEST_HEADER, body_hash.to_content_digest())
+                    .header(CONTENT_TYPE, "application/octet-stream")
+                    .header(CONTENT_LENGTH, len)
+                    .body(stream);
+            }
+            let response = request
+                .send()
+                .await
+                .map_err(|e| ClientError::from_transport(e, &self.base))?;
+            let status = response.status();
+            if status == StatusCode::NOT_MODIFIED {
+                return Ok(response);
+            }
+            if retry < self.retry.max_retries
+                && let Some(wait) = retry_wait(status, response.headers(), &self.retry)
+            {
+                retry += 1;
+                if let Some(observer) = &self.on_retry {
+                    (observer.0)(&RetryNotice {
+                        method: method.clone(),
+                        target: target.target.clone(),
+                        status,
+                        wait,
+                        retry,
+                        max_retries: self.retry.max_retries,
+                    });
+                }
+                drop(response);
+                tokio::time::sleep(wait).await;
+                continue;
+            }
+            return check(response).await;
+        }
+    }
+}
+
+/// The body of a write, for [`PkClient::send`].
+#[derive(Clone, Copy)]
+pub(crate) struct WriteBody<'a> {
+    hash: &'a BodyHash,
+    payload: &'a Payload,
+    progress: Option<&'a Progress>,
+}
+
+/// How long to wait before retrying an answer, when it should be retried: 429 and 503
+/// with a `Retry-After` (seconds, or an HTTP date) within the policy's bound, or without
+/// one, the policy's default wait.
+pub(crate) fn retry_wait(
+    status: StatusCode,
+    headers: &HeaderMap,
+    policy: &RetryPolicy,
+) -> Option<Duration> {
+    if status != StatusCode::TOO_MANY_REQUESTS && status != StatusCode::SERVICE_UNAVAILABLE {
+        return None;
+    }
+    let asked = headers
+        .get(RETRY_AFTER)
+        .and_then(|v| v.to_str().ok())
+        .and_then(|v| {
+            let v = v.trim();
+            v.parse::<u64>().map(Duration::from_secs).ok().or_else(|| {
+                httpdate::parse_http_date(v).ok().map(|at| {
+                    at.duration_since(std::time::SystemTime::now())
+                        .unwrap_or(Duration::ZERO)
+                })
+            })
+        });
+    let wait = asked.unwrap_or(policy.default_wait);
+    (wait <= policy.max_wait).then_some(wait)
 }
 
 fn parse_base_url(text: &str) -> Result<Url, ClientError> {
@@ -444,7 +729,16 @@ fn parse_base_url(text: &str) -> Result<Url, ClientError> {
         url: text.to_owned(),
         reason: reason.to_owned(),
     };
-    let url = Url::parse(text).map_err(|e| invalid(&e.to_string()))?;
+    // `127.0.0.1:6286` or `localhost:6286` means plain HTTP (as curl reads it); without
+    // this, the URL parser takes `localhost` for a scheme or finds no base at all.
+    let with_scheme;
+    let text_with_scheme = if text.contains("://") {
+        text
+    } else {
+        with_scheme = format!("http://{text}");
+        &with_scheme
+    };
+    let url = Url::parse(text_with_scheme).map_err(|e| invalid(&e.to_string()))?;
     if !matches!(url.scheme(), "http" | "https") {
         return Err(invalid("the scheme must be http or https"));
     }
@@ -531,8 +825,17 @@ mod tests {
     fn base_url_rules() {
         assert!(parse_base_url("http://127.0.0.1:6286").is_ok());
         assert!(parse_base_url("https://hs.example.org/").is_ok());
-        for bad in [
+        // Without a scheme: plain HTTP, as curl reads it.
+        for bare in [
             "127.0.0.1:6286",
+            "localhost:6286",
+            "hs.example.org",
+            "[::1]:6286",
+        ] {
+            let url = parse_base_url(bare).unwrap();
+            assert_eq!(url.as_str(), format!("http://{bare}/"), "{bare}");
+        }
+        for bad in [
             "ftp://x.org",
             "http://x.org/prefix",
             "http://x.org/?a=1",
@@ -542,6 +845,50 @@ mod tests {
                 matches!(parse_base_url(bad), Err(ClientError::InvalidBaseUrl { .. })),
                 "{bad}"
             );
+        }
+    }
+
+    #[test]
+    fn retry_waits_follow_retry_after_within_bounds() {
+        let policy = RetryPolicy::default();
+        let headers = |value: &str| {
+            let mut h = HeaderMap::new();
+            h.insert(RETRY_AFTER, value.parse().unwrap());
+            h
+        };
+        let limited = StatusCode::TOO_MANY_REQUESTS;
+        let busy = StatusCode::SERVICE_UNAVAILABLE;
+        assert_eq!(
+            retry_wait(limited, &headers("7"), &policy),
+            Some(Duration::from_secs(7))
+        );
+        assert_eq!(
+            retry_wait(busy, &headers(" 0 "), &policy),
+            Some(Duration::ZERO)
+        );
+        // No usable header: the default wait.
+        assert_eq!(
+            retry_wait(limited, &HeaderMap::new(), &policy),
+            Some(policy.default_wait)
+        );
+        assert_eq!(
+            retry_wait(busy, &headers("soon"), &policy),
+            Some(policy.default_wait)
+        );
+        // An HTTP date in the past: at once.
+        assert_eq!(
+            retry_wait(limited, &headers("Tue, 14 Nov 2023 22:13:20 GMT"), &policy),
+            Some(Duration::ZERO)
+        );
+        // Longer than the policy allows: not retried.
+        assert_eq!(retry_wait(limited, &headers("61"), &policy), None);
+        // Other answers are never retried.
+        for status in [
+            StatusCode::OK,
+            StatusCode::NOT_FOUND,
+            StatusCode::BAD_GATEWAY,
+        ] {
+            assert_eq!(retry_wait(status, &headers("1"), &policy), None);
         }
     }
 
@@ -572,21 +919,18 @@ mod tests {
         let me = Keypair::from_seed(&[1; 32]);
         let other = Keypair::from_seed(&[2; 32]).public_key();
         let client = PkClient::new(DEFAULT_HOMESERVER, Some(me.clone())).unwrap();
-        assert!(matches!(client.reader(None), Ok(Reader::Own(_))));
+        assert!(matches!(client.reader(None), Ok(Auth::Sign(_))));
         assert!(matches!(
             client.reader(Some(me.public_key())),
-            Ok(Reader::Own(_))
+            Ok(Auth::Sign(_))
         ));
-        assert!(matches!(client.reader(Some(other)), Ok(Reader::Public(k)) if k == other));
+        assert!(matches!(client.reader(Some(other)), Ok(Auth::Public(k)) if k == other));
         let anonymous = PkClient::new(DEFAULT_HOMESERVER, None).unwrap();
         assert!(matches!(
             anonymous.reader(None),
             Err(ClientError::MissingKey)
         ));
-        assert!(matches!(
-            anonymous.reader(Some(other)),
-            Ok(Reader::Public(_))
-        ));
+        assert!(matches!(anonymous.reader(Some(other)), Ok(Auth::Public(_))));
     }
 
     #[tokio::test]

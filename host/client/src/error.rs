@@ -35,9 +35,35 @@ pub enum ClientError {
     #[error("the homeserver ended the event stream with an error: {message}")]
     StreamFailed { message: String },
 
+    /// No connection to the homeserver could be made (refused, no such host, TLS
+    /// handshake refused). `reason` is the deepest cause, e.g. "Connection refused".
+    #[error("cannot connect to the homeserver at {url}: {reason}")]
+    Unreachable {
+        url: String,
+        reason: String,
+        /// The connection was refused: nothing listens there (a server that is not
+        /// running, or the wrong address).
+        refused: bool,
+    },
+
     /// Connecting, sending or receiving failed.
     #[error("request to the homeserver failed")]
     Transport(#[from] reqwest::Error),
+
+    /// A downloaded value whose BLAKE3 hash is not the one the server announced (its
+    /// `ETag`): it was damaged on the way, or changed while it was read. Nothing was kept.
+    #[error(
+        "{path}: the downloaded value does not match its content hash (expected {expected}, got {actual})"
+    )]
+    HashMismatch {
+        path: String,
+        expected: String,
+        actual: String,
+    },
+
+    /// A local file that would be replaced, and the caller did not ask for that.
+    #[error("{} already exists", path.display())]
+    DestinationExists { path: std::path::PathBuf },
 
     /// Reading or writing a local file or stream.
     #[error("{context}")]
@@ -97,6 +123,34 @@ impl ClientError {
                 text: String::from_utf8_lossy(body).into_owned(),
             },
         }
+    }
+
+    /// A transport failure; connection failures become [`ClientError::Unreachable`].
+    pub(crate) fn from_transport(error: reqwest::Error, base: &url::Url) -> Self {
+        if !error.is_connect() {
+            return ClientError::Transport(error);
+        }
+        // The deepest cause says what happened ("Connection refused (os error 111)",
+        // "failed to lookup address information", a TLS alert); the layers above it only
+        // repeat that a request was being sent.
+        let mut deepest: &(dyn std::error::Error + 'static) = &error;
+        let mut refused = false;
+        while let Some(next) = deepest.source() {
+            if let Some(io) = next.downcast_ref::<std::io::Error>() {
+                refused |= io.kind() == std::io::ErrorKind::ConnectionRefused;
+            }
+            deepest = next;
+        }
+        ClientError::Unreachable {
+            url: base.as_str().trim_end_matches('/').to_owned(),
+            reason: deepest.to_string(),
+            refused,
+        }
+    }
+
+    /// True when no connection could be made to the homeserver.
+    pub fn is_unreachable(&self) -> bool {
+        matches!(self, ClientError::Unreachable { .. })
     }
 
     pub(crate) fn io(context: impl Into<String>, source: std::io::Error) -> Self {

@@ -5,7 +5,9 @@
 //! every SSE event is turned into an [`Event`] by [`Event::from_sse`]. SSE framing
 //! (fields, comment lines used as keep-alives, line endings, events split across
 //! chunks) is left to the `eventsource-stream` crate. Neither endpoint needs
-//! credentials, so nothing here is signed and no key is required.
+//! credentials and no key is required; a client that has a key signs its requests
+//! anyway, so they count against the key's rate limit rather than its IP address's
+//! (the anonymous limit is the smaller one).
 //!
 //! A stream ends after its first error: a transport failure, a malformed event, or the
 //! server's final `error` event ([`ClientError::StreamFailed`]). Resume with
@@ -17,10 +19,11 @@ use eventsource_stream::{EventStreamError, Eventsource};
 use futures_util::{Stream, StreamExt};
 use homeserver_protocol::PublicKey;
 use homeserver_protocol::event::{Event, EventPage};
+use reqwest::Method;
 use reqwest::header::{ACCEPT, CONTENT_TYPE};
 use url::form_urlencoded;
 
-use crate::client::{PkClient, check, json, storage_path};
+use crate::client::{PkClient, json, storage_path};
 use crate::error::ClientError;
 use crate::target::RequestTarget;
 
@@ -160,8 +163,8 @@ impl PkClient {
     pub async fn events(&self, cursor: u64, limit: Option<u32>) -> Result<EventPage, ClientError> {
         let query = feed_query(cursor, limit);
         let target = RequestTarget::new(self.base_url(), FEED_PATH, Some(&query));
-        let response = self.http().get(target.url).send().await?;
-        json(check(response).await?).await
+        let auth = self.optional_signature();
+        json(self.send(Method::GET, &target, auth, None, &[]).await?).await
     }
 
     /// `GET /events-stream`: the events `request` asks for, as they arrive.
@@ -179,13 +182,9 @@ impl PkClient {
     {
         let query = request.to_query()?;
         let target = RequestTarget::new(self.base_url(), STREAM_PATH, Some(&query));
-        let response = self
-            .http()
-            .get(target.url)
-            .header(ACCEPT, EVENT_STREAM)
-            .send()
-            .await?;
-        let response = check(response).await?;
+        let auth = self.optional_signature();
+        let accept = [(ACCEPT, EVENT_STREAM.to_owned())];
+        let response = self.send(Method::GET, &target, auth, None, &accept).await?;
         let content_type = response
             .headers()
             .get(CONTENT_TYPE)

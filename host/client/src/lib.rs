@@ -6,12 +6,14 @@
 //! on top: building request targets, choosing timestamps so that no write is refused as
 //! a replay, streaming bodies in and out, and turning error responses into typed errors.
 //!
-//! - [`client`]: [`PkClient`] and its operations (signup, put, get, head, list, delete).
+//! - [`client`]: [`PkClient`] and its operations (signup, account, put, get, head, list,
+//!   delete), and how it retries requests turned away for load ([`RetryPolicy`]).
 //! - [`events`]: the event feed ([`PkClient::events`]) and event streams
 //!   ([`PkClient::stream`], Server-Sent Events).
 //! - [`target`]: request targets (path plus `?query`), the exact string that is signed.
 //! - [`clock`]: timestamps for signed writes.
 //! - [`response`]: streamed GET answers and entry metadata from headers.
+//! - [`transfer`]: values to and from local files, checked against their content hash.
 //! - [`tls`]: TLS to a homeserver named by its public key (RFC 7250 raw public keys).
 //! - [`error`]: the [`ClientError`] type.
 
@@ -25,12 +27,17 @@ pub mod events;
 pub mod response;
 pub mod target;
 pub mod tls;
+pub mod transfer;
 
-pub use client::{DEFAULT_HOMESERVER, PUBKY_HOST_HEADER, PkClient};
+pub use client::{
+    AccountInfo, DEFAULT_HOMESERVER, PUBKY_HOST_HEADER, PkClient, Progress, RetryNotice,
+    RetryPolicy, SignupStatus,
+};
 pub use error::ClientError;
 pub use events::StreamRequest;
 pub use response::{EntryMeta, GetResponse};
 pub use target::ListOptions;
+pub use transfer::{DownloadOptions, Downloaded};
 
 /// The protocol crate, re-exported so users of the client need no second dependency.
 pub use homeserver_protocol as protocol;

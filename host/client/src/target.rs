@@ -63,11 +63,12 @@ impl RequestTarget {
     }
 }
 
-/// Query of `POST /signup`.
+/// Query of `POST /signup`. The token is sent trimmed and in upper case: tokens are
+/// made as `XXXX-XXXX-XXXX` (upper-case base32), and people copy them in any case.
 pub fn signup_query(token: Option<&str>) -> Option<String> {
     token.map(|t| {
         form_urlencoded::Serializer::new(String::new())
-            .append_pair("signup_token", t)
+            .append_pair("signup_token", &t.trim().to_ascii_uppercase())
             .finish()
     })
 }
@@ -151,6 +152,11 @@ mod tests {
         let q = signup_query(Some("ABCD-EFGH-JKMN")).unwrap();
         let t = RequestTarget::new(&base(), "/signup", Some(&q));
         assert_eq!(t.target, "/signup?signup_token=ABCD-EFGH-JKMN");
+        // Typed or pasted in lower case, with stray spaces: normalised.
+        assert_eq!(
+            signup_query(Some(" abcd-efgh-jkmn\n")),
+            Some("signup_token=ABCD-EFGH-JKMN".into())
+        );
     }
 
     #[test]

@@ -16,7 +16,7 @@ use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::TcpListener;
 
 use crate::clock::unix_now;
-use crate::{ClientError, ListOptions, PkClient, StreamRequest};
+use crate::{ClientError, ListOptions, PkClient, RetryPolicy, StreamRequest};
 
 #[derive(Debug, Clone)]
 struct Recorded {
@@ -456,7 +456,11 @@ async fn persistent_replay_refusal_is_reported() {
     let client = PkClient::new(&base, Some(keypair())).unwrap();
     let err = client.delete("/pub/f").await.unwrap_err();
     assert_eq!(err.code(), Some(ErrorCode::InvalidSignature));
-    assert_eq!(seen.lock().unwrap().len(), 2);
+    // The first try and three with ever later timestamps.
+    let seen = seen.lock().unwrap();
+    assert_eq!(seen.len(), 4);
+    let stamps: Vec<u64> = seen.iter().map(|r| r.verify().timestamp).collect();
+    assert!(stamps.windows(2).all(|w| w[0] < w[1]), "{stamps:?}");
 }
 
 #[tokio::test]
@@ -497,7 +501,7 @@ fn user_url(seed: u8, path: &str) -> String {
 }
 
 #[tokio::test]
-async fn feed_pages_are_read_without_credentials() {
+async fn feed_pages_are_signed_when_the_client_has_a_key() {
     let body = format!(
         r#"{{"events":[{{"type":"PUT","url":"{}","cursor":6,"content_hash":"AQ=="}},{{"type":"DEL","url":"{}","cursor":9}}],"cursor":9}}"#,
         user_url(1, "pub/a"),
@@ -515,14 +519,23 @@ async fn feed_pages_are_read_without_credentials() {
         [(EventKind::Put, 6, Some("AQ==")), (EventKind::Del, 9, None)]
     );
     client.events(0, None).await.unwrap();
+    // Without a key, the same request carries no credentials.
+    PkClient::new(&base, None)
+        .unwrap()
+        .events(0, None)
+        .await
+        .unwrap();
     let seen = seen.lock().unwrap();
     assert_eq!(seen[0].method, "GET");
     assert_eq!(seen[0].target, "/events/?cursor=5&limit=2");
     assert_eq!(seen[1].target, "/events/?cursor=0");
-    for req in seen.iter() {
-        assert!(!req.headers.contains_key("authorization"));
+    // Signed over exactly what was sent, so the server counts it against the key.
+    for req in &seen[..2] {
+        assert_eq!(req.verify().public_key, keypair().public_key());
         assert!(!req.headers.contains_key("pubky-host"));
     }
+    assert!(!seen[2].headers.contains_key("authorization"));
+    assert!(!seen[2].headers.contains_key("pubky-host"));
 }
 
 #[tokio::test]
@@ -581,7 +594,8 @@ async fn stream_sends_the_query_and_maps_each_event() {
         )
     );
     assert_eq!(req.headers["accept"], "text/event-stream");
-    assert!(!req.headers.contains_key("authorization"));
+    // The client has a key: the stream request is signed as sent.
+    assert_eq!(req.verify().public_key, keypair().public_key());
 }
 
 #[tokio::test]
@@ -705,4 +719,280 @@ async fn server_error_event_ends_the_stream() {
         "the homeserver ended the event stream with an error: the event stream failed on the \
          server; resume from the last id"
     );
+}
+
+fn limited(retry_after: &str) -> Reply {
+    Reply {
+        status: 429,
+        headers: vec![
+            ("content-type", "application/json".into()),
+            ("retry-after", retry_after.into()),
+        ],
+        body: br#"{"error":"rate_limit_exceeded","message":"rate limit exceeded: retry in 1 s"}"#
+            .to_vec(),
+    }
+}
+
+#[tokio::test]
+async fn rate_limited_writes_wait_and_are_signed_again() {
+    let (base, seen) = serve(Arc::new(|req: &Recorded, i| match i {
+        0 => limited("1"),
+        1 => Reply {
+            status: 503,
+            headers: vec![("retry-after", "0".into())],
+            body: br#"{"error":"service_unavailable","message":"busy"}"#.to_vec(),
+        },
+        _ => put_ok(req, i),
+    }))
+    .await;
+    let notices = Arc::new(Mutex::new(Vec::new()));
+    let heard = notices.clone();
+    let client = PkClient::new(&base, Some(keypair()))
+        .unwrap()
+        .on_retry(move |n| heard.lock().unwrap().push(n.clone()));
+    let dir = tempfile::tempdir().unwrap();
+    let file = dir.path().join("f");
+    std::fs::write(&file, b"file body").unwrap();
+    client.put_file("/pub/f", &file).await.unwrap();
+    let seen = seen.lock().unwrap();
+    assert_eq!(seen.len(), 3);
+    // Every attempt carries the whole body and a fresh signature over it: a write's
+    // signature is accepted once, so a retry must never resend the refused one.
+    let signed: Vec<AuthHeader> = seen.iter().map(Recorded::verify).collect();
+    for req in seen.iter() {
+        assert_eq!(req.body, b"file body");
+    }
+    assert!(signed[1].timestamp > signed[0].timestamp);
+    assert!(signed[2].timestamp > signed[1].timestamp);
+    let notices = notices.lock().unwrap();
+    assert_eq!(
+        notices
+            .iter()
+            .map(|n| (n.status.as_u16(), n.wait, n.retry, n.max_retries))
+            .collect::<Vec<_>>(),
+        [
+            (429, Duration::from_secs(1), 1, 5),
+            (503, Duration::ZERO, 2, 5)
+        ]
+    );
+    assert_eq!(notices[0].method, reqwest::Method::PUT);
+    assert_eq!(notices[0].target, "/pub/f");
+}
+
+#[tokio::test]
+async fn reads_and_feeds_are_retried_too() {
+    let (base, seen) = serve(Arc::new(|req: &Recorded, i| {
+        match (i, req.target.as_str()) {
+            (0, _) | (2, _) => limited("0"),
+            (_, t) if t.starts_with("/events/") => json(200, r#"{"events":[],"cursor":0}"#),
+            _ => Reply {
+                status: 200,
+                headers: vec![("etag", "\"AQ==\"".into())],
+                body: b"v".to_vec(),
+            },
+        }
+    }))
+    .await;
+    let client = PkClient::new(&base, Some(keypair())).unwrap();
+    assert_eq!(&client.get_bytes("/pub/r", None).await.unwrap()[..], b"v");
+    client.events(0, None).await.unwrap();
+    let seen = seen.lock().unwrap();
+    assert_eq!(seen.len(), 4);
+    for req in seen.iter() {
+        req.verify();
+    }
+}
+
+#[tokio::test]
+async fn retries_are_bounded() {
+    let (base, seen) = serve(Arc::new(|_: &Recorded, _| limited("0"))).await;
+    let policy = RetryPolicy {
+        max_retries: 2,
+        ..RetryPolicy::default()
+    };
+    let client = PkClient::new(&base, Some(keypair()))
+        .unwrap()
+        .with_retry_policy(policy);
+    let err = client.delete("/pub/x").await.unwrap_err();
+    assert_eq!(err.code(), Some(ErrorCode::RateLimitExceeded));
+    assert_eq!(
+        seen.lock().unwrap().len(),
+        3,
+        "the first try and two retries"
+    );
+
+    // A server asking for longer than the policy allows is not waited for.
+    let (base, seen) = serve(Arc::new(|_: &Recorded, _| limited("3600"))).await;
+    let client = PkClient::new(&base, Some(keypair())).unwrap();
+    let err = client.events(0, None).await.unwrap_err();
+    assert_eq!(err.status(), Some(reqwest::StatusCode::TOO_MANY_REQUESTS));
+    assert_eq!(seen.lock().unwrap().len(), 1);
+
+    // RetryPolicy::never() hands back the first 429.
+    let (base, seen) = serve(Arc::new(|_: &Recorded, _| limited("0"))).await;
+    let client = PkClient::new(&base, None)
+        .unwrap()
+        .with_retry_policy(RetryPolicy::never());
+    assert!(client.events(0, None).await.is_err());
+    assert_eq!(seen.lock().unwrap().len(), 1);
+}
+
+#[tokio::test]
+async fn signup_says_whether_the_account_is_new() {
+    let (base, seen) = serve(Arc::new(|_: &Recorded, i| {
+        json(
+            if i == 0 { 201 } else { 200 },
+            &format!(
+                r#"{{"public_key":"{}","created_at":1700000000}}"#,
+                keypair().public_key()
+            ),
+        )
+    }))
+    .await;
+    let client = PkClient::new(&base, Some(keypair())).unwrap();
+    assert!(client.signup_status(None).await.unwrap().created);
+    let again = client.signup_status(Some("abcd-efgh-jkmn")).await.unwrap();
+    assert!(!again.created);
+    assert_eq!(again.result.created_at, 1_700_000_000);
+    // A lower-case token goes out as the server makes them: upper case.
+    let seen = seen.lock().unwrap();
+    assert_eq!(seen[1].target, "/signup?signup_token=ABCD-EFGH-JKMN");
+    seen[1].verify();
+}
+
+#[tokio::test]
+async fn account_is_a_signed_get() {
+    let body = format!(
+        r#"{{"public_key":"{}","created_at":1700000000,"used_bytes":12,"quota_bytes":0,"max_value_bytes":10485760,"disabled":false}}"#,
+        keypair().public_key()
+    );
+    let (base, seen) = serve(Arc::new(move |_: &Recorded, _| json(200, &body))).await;
+    let client = PkClient::new(&base, Some(keypair())).unwrap();
+    let account = client.account().await.unwrap();
+    assert_eq!((account.used_bytes, account.quota_bytes), (12, 0));
+    let req = seen.lock().unwrap()[0].clone();
+    assert_eq!(
+        (req.method.as_str(), req.target.as_str()),
+        ("GET", "/account")
+    );
+    req.verify();
+    assert!(matches!(
+        PkClient::new(&base, None).unwrap().account().await,
+        Err(ClientError::MissingKey)
+    ));
+}
+
+#[tokio::test]
+async fn uploads_report_progress() {
+    let (base, _) = serve(Arc::new(put_ok)).await;
+    let client = PkClient::new(&base, Some(keypair())).unwrap();
+    let dir = tempfile::tempdir().unwrap();
+    let file = dir.path().join("big");
+    let data = vec![7u8; 1_000_000];
+    std::fs::write(&file, &data).unwrap();
+    let seen = Arc::new(Mutex::new(Vec::new()));
+    let log = seen.clone();
+    let progress: crate::Progress = Arc::new(move |n| log.lock().unwrap().push(n));
+    client
+        .put_file_with_progress("/pub/big", &file, Some(progress))
+        .await
+        .unwrap();
+    let seen = seen.lock().unwrap();
+    assert!(seen.windows(2).all(|w| w[0] <= w[1]), "never backwards");
+    assert_eq!(seen.last(), Some(&(data.len() as u64)));
+    assert!(
+        seen.len() > 2,
+        "several steps for a 1 MB body: {}",
+        seen.len()
+    );
+}
+
+fn value_reply(body: &'static [u8], etag: String) -> Reply {
+    Reply {
+        status: 200,
+        headers: vec![
+            ("content-type", "application/octet-stream".into()),
+            ("etag", etag),
+        ],
+        body: body.to_vec(),
+    }
+}
+
+#[tokio::test]
+async fn downloads_are_checked_against_the_content_hash() {
+    let good = format!("\"{}\"", crate::transfer::content_hash_of(b"the value"));
+    let (base, _) = serve(Arc::new(move |req: &Recorded, _| {
+        if req.target == "/pub/damaged" {
+            value_reply(b"the valuE", good.clone())
+        } else {
+            value_reply(b"the value", good.clone())
+        }
+    }))
+    .await;
+    let client = PkClient::new(&base, Some(keypair())).unwrap();
+    let dir = tempfile::tempdir().unwrap();
+    let dest = dir.path().join("out");
+    let got = client
+        .download("/pub/ok", None, &dest, crate::DownloadOptions::default())
+        .await
+        .unwrap();
+    assert!(got.verified);
+    assert_eq!(got.size, 9);
+    assert_eq!(std::fs::read(&dest).unwrap(), b"the value");
+
+    // An existing file is kept unless overwriting was asked for.
+    std::fs::write(&dest, b"mine").unwrap();
+    let err = client
+        .download("/pub/ok", None, &dest, crate::DownloadOptions::default())
+        .await
+        .unwrap_err();
+    assert!(
+        matches!(err, ClientError::DestinationExists { .. }),
+        "{err:?}"
+    );
+    assert_eq!(std::fs::read(&dest).unwrap(), b"mine");
+
+    // A value that does not match its hash never replaces the file, and leaves no
+    // temporary file behind.
+    let options = crate::DownloadOptions {
+        overwrite: true,
+        progress: None,
+    };
+    let err = client
+        .download("/pub/damaged", None, &dest, options.clone())
+        .await
+        .unwrap_err();
+    assert!(matches!(err, ClientError::HashMismatch { .. }), "{err:?}");
+    assert_eq!(std::fs::read(&dest).unwrap(), b"mine");
+    assert_eq!(std::fs::read_dir(dir.path()).unwrap().count(), 1);
+    client
+        .download("/pub/ok", None, &dest, options)
+        .await
+        .unwrap();
+    assert_eq!(std::fs::read(&dest).unwrap(), b"the value");
+}
+
+#[tokio::test]
+async fn an_unreachable_server_is_named() {
+    // Bind and drop: nothing listens on this port any more.
+    let port = {
+        let l = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+        l.local_addr().unwrap().port()
+    };
+    let client = PkClient::new(&format!("127.0.0.1:{port}"), None).unwrap();
+    let err = client.events(0, None).await.unwrap_err();
+    match &err {
+        ClientError::Unreachable { url, refused, .. } => {
+            assert_eq!(url, &format!("http://127.0.0.1:{port}"));
+            assert!(refused);
+        }
+        other => panic!("expected Unreachable, got {other:?}"),
+    }
+    assert!(err.is_unreachable());
+    let text = err.to_string();
+    assert!(
+        text.contains("cannot connect to the homeserver at http://127.0.0.1:"),
+        "{text}"
+    );
+    assert!(text.to_ascii_lowercase().contains("refused"), "{text}");
 }

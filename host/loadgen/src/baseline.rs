@@ -70,6 +70,7 @@ mod tests {
         let addr = listener.local_addr().unwrap();
         let server = tokio::spawn(serve(listener, Bytes::from_static(b"hello")));
         let summary = run(RunConfig {
+            also: Vec::new(),
             target: Target::parse(&format!("http://{addr}")).unwrap(),
             scenario: Scenario::Static,
             connections: 3,
@@ -103,6 +104,7 @@ mod tests {
                 .await;
         });
         let error = run(RunConfig {
+            also: Vec::new(),
             target: Target::parse(&format!("http://{addr}")).unwrap(),
             scenario: Scenario::Put1k,
             connections: 1,

@@ -108,6 +108,10 @@ pub struct RunArgs {
     /// Server to load: http:// on 127.0.0.1, localhost or [::1] only.
     #[arg(long, value_parser = Target::parse)]
     pub url: Target,
+    /// More instances of the same deployment (sharing its stores) to spread the
+    /// connections over, round-robin; set-up runs against --url.
+    #[arg(long = "also-url", value_parser = Target::parse)]
+    pub also_urls: Vec<Target>,
     #[arg(long, value_enum)]
     pub scenario: Scenario,
     /// Concurrent keep-alive connections, each with one request in flight.
@@ -220,6 +224,7 @@ fn baseline(args: BaselineArgs) -> anyhow::Result<()> {
 fn run(args: RunArgs) -> anyhow::Result<()> {
     let config = RunConfig {
         target: args.url,
+        also: args.also_urls,
         scenario: args.scenario,
         connections: usize::from(args.connections),
         warmup: Duration::from_secs(args.warmup.into()),

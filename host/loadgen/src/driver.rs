@@ -38,6 +38,9 @@ const RECONNECT_PAUSE: Duration = Duration::from_millis(20);
 #[derive(Clone, Debug)]
 pub struct RunConfig {
     pub target: Target,
+    /// Other instances sharing `target`'s stores: connection i goes to the i-th of
+    /// `target` and these, round-robin.
+    pub also: Vec<Target>,
     pub scenario: Scenario,
     pub connections: usize,
     pub warmup: Duration,
@@ -84,12 +87,11 @@ pub async fn run(config: RunConfig) -> Result<Summary, RunError> {
     let tasks: Vec<_> = (0..config.connections)
         .map(|connection| {
             let requests = RequestStream::new(workload.clone(), connection);
-            tokio::spawn(connection_loop(
-                config.target.clone(),
-                requests,
-                window,
-                printed.clone(),
-            ))
+            let target = match connection % (config.also.len() + 1) {
+                0 => config.target.clone(),
+                i => config.also[i - 1].clone(),
+            };
+            tokio::spawn(connection_loop(target, requests, window, printed.clone()))
         })
         .collect();
 

@@ -103,6 +103,20 @@ impl Event {
         }
     }
 
+    /// The whole SSE frame of this event, as `/events-stream` sends it: `event`, `id`
+    /// (the cursor, for `Last-Event-ID`), one `data` line per line of [`Self::sse_data`],
+    /// and the blank line that ends it.
+    pub fn sse_frame(&self) -> String {
+        let mut frame = format!("event: {}\nid: {}\n", self.kind.as_str(), self.cursor);
+        for line in self.sse_data().lines() {
+            frame.push_str("data: ");
+            frame.push_str(line);
+            frame.push('\n');
+        }
+        frame.push('\n');
+        frame
+    }
+
     /// Parses an SSE event (its `event` name and `data` with lines joined by `\n`).
     pub fn from_sse(name: &str, data: &str) -> Result<Self, EventParseError> {
         let kind = EventKind::parse(name).ok_or_else(|| EventParseError::Kind(name.into()))?;
@@ -162,6 +176,10 @@ mod tests {
             ..put
         };
         assert_eq!(del.sse_data(), "pk://abc/pub/x\ncursor: 7");
+        assert_eq!(
+            del.sse_frame(),
+            "event: DEL\nid: 7\ndata: pk://abc/pub/x\ndata: cursor: 7\n\n"
+        );
         assert_eq!(Event::from_sse("DEL", &del.sse_data()), Ok(del));
         assert!(Event::from_sse("POST", "pk://a/b\ncursor: 1").is_err());
         assert!(Event::from_sse("PUT", "pk://a/b").is_err());

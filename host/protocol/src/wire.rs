@@ -28,6 +28,11 @@ pub struct ListEntry {
     pub created_at: Option<i64>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub updated_at: Option<i64>,
+    /// The value's BLAKE3 hash, standard base64 with padding: the same string as the
+    /// entry's `ETag` (unquoted) and its events' `content_hash`. Lets a client tell
+    /// which entries changed without reading them (`pk sync`). Absent for sub-folders.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub content_hash: Option<String>,
 }
 
 /// Answer to `GET /.../` (a listing).
@@ -46,6 +51,23 @@ pub struct SignupResult {
     pub created_at: i64,
 }
 
+/// Answer to `GET /account`: the caller's own account, for a signed request or a session.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct AccountInfo {
+    /// The account's public key (z-base-32).
+    pub public_key: String,
+    /// When the key signed up (Unix seconds).
+    pub created_at: i64,
+    /// Bytes stored: the sum of the sizes of the account's values.
+    pub used_bytes: u64,
+    /// The quota in force (the account's own or the server's default); 0 = unlimited.
+    pub quota_bytes: u64,
+    /// The largest value the server accepts, in bytes.
+    pub max_value_bytes: u64,
+    /// A disabled account's writes are refused (403).
+    pub disabled: bool,
+}
+
 /// Whether `token` has the signup token format `XXXX-XXXX-XXXX` (upper-case RFC 4648
 /// base32 characters: A-Z and 2-7).
 pub fn is_signup_token(token: &str) -> bool {
@@ -58,9 +80,25 @@ pub fn is_signup_token(token: &str) -> bool {
         })
 }
 
+/// A signup token as a person may type it (lower case, surrounding spaces) in its
+/// canonical form, or None when it is not a token at all.
+pub fn normalize_signup_token(text: &str) -> Option<String> {
+    let token = text.trim().to_ascii_uppercase();
+    is_signup_token(&token).then_some(token)
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn signup_tokens_are_normalized() {
+        assert_eq!(
+            normalize_signup_token(" abcd-EFGH-2345\n").as_deref(),
+            Some("ABCD-EFGH-2345")
+        );
+        assert_eq!(normalize_signup_token("abcd-efgh-2341"), None);
+    }
 
     #[test]
     fn signup_token_format() {

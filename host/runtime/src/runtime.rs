@@ -110,6 +110,33 @@ impl ReloadReport {
     }
 }
 
+/// One line for logs: `capability-policy: unchanged; safety-filter: loaded ...`.
+impl std::fmt::Display for ReloadReport {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        for (i, slot) in self.slots.iter().enumerate() {
+            if i > 0 {
+                f.write_str("; ")?;
+            }
+            write!(f, "{}: ", slot.slot)?;
+            match &slot.outcome {
+                ReloadOutcome::Unchanged => f.write_str("unchanged")?,
+                ReloadOutcome::Loaded {
+                    source,
+                    blake3,
+                    from_cache,
+                } => write!(
+                    f,
+                    "loaded {source} (blake3 {}{})",
+                    blake3.get(..16).unwrap_or(blake3),
+                    if *from_cache { ", from cache" } else { "" }
+                )?,
+                ReloadOutcome::Failed { error } => write!(f, "FAILED, {error}")?,
+            }
+        }
+        Ok(())
+    }
+}
+
 /// The state of one slot, for `GET /admin/policies` and logs.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize)]
 pub struct SlotStatus {
@@ -323,7 +350,19 @@ impl PolicyRuntime {
                     outcome
                 }
                 Err(error) => {
-                    tracing::error!(slot = %cell.slot, "guest not (re)loaded, the previous one keeps serving: {error}");
+                    match cell.current.load().as_ref() {
+                        Some(serving) => tracing::error!(
+                            slot = %cell.slot,
+                            serving = %serving.info.source,
+                            "guest not reloaded, the module loaded before keeps serving: {error}"
+                        ),
+                        None => tracing::error!(
+                            slot = %cell.slot,
+                            safe_default = cell.slot.safe_default(),
+                            "guest not loaded, and no module serves this slot (every call gets \
+                             the safe default): {error}"
+                        ),
+                    }
                     cell.stats.record_reload(false);
                     cell.set_error(Some(error.clone()));
                     ReloadOutcome::Failed { error }

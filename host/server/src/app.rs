@@ -12,7 +12,7 @@ use tokio::net::TcpListener;
 use tokio::task::JoinSet;
 use tokio_util::sync::CancellationToken;
 
-use crate::config::Config;
+use crate::config::{Config, PolicyStartMode};
 use crate::metrics::Metrics;
 use crate::persistence::{self, BlobStore, MetadataStore};
 use crate::rate_limit::RateLimits;
@@ -51,6 +51,15 @@ pub enum StartError {
     RuntimeStart(String),
     #[error("TLS certificate: {0}")]
     Tls(#[from] tls::TlsError),
+    #[error(transparent)]
+    StorageInUse(#[from] crate::persistence::LockError),
+    #[error(
+        "{0}\nFix or remove the module (a slot with no module in policies.toml is served by \
+         the built-in guest), check it with `homeserver policy check FILE --slot SLOT`, or \
+         set policies.on_start_error = \"safe-default\" to start anyway with the slot on its \
+         safe default (the capability policy then answers 503 to every request it decides)"
+    )]
+    PolicyLoad(String),
     #[error("cannot listen on {address} ({listener}): {source}")]
     Bind {
         listener: &'static str,
@@ -100,9 +109,17 @@ impl AppContext {
 
     /// Builds every store and service; `shutdown` ends live streams and background work.
     pub async fn build(config: Config, shutdown: CancellationToken) -> Result<Self, StartError> {
-        let metadata = persistence::open_metadata(&config.storage.database_url).await?;
+        let metadata = persistence::open_metadata(
+            &config.storage.database_url,
+            &config.storage.backend_options(),
+        )
+        .await?;
         tracing::info!(database = %config.storage.database_url, blobs = %config.storage.blobs, "storage");
-        let blobs = BlobStore::open(&config.storage.blobs)?;
+        let blobs = BlobStore::open(
+            &config.storage.blobs,
+            &config.s3,
+            &config.storage.backend_options(),
+        )?;
         let server_key = server_key::load_or_create(&config.keys.secret_key_file)?;
         let limits = StorageLimits {
             max_value_bytes: config.storage.max_value_bytes,
@@ -111,8 +128,14 @@ impl AppContext {
             unproven_upload_memory_bytes: config.http.unproven_upload_memory_bytes,
         };
         let policy = Arc::new(load_policies(&config).await?);
-        let entry_cache = Arc::new(EntryCache::default());
+        // Read-after-write across instances: a process cannot know in time what other
+        // instances wrote, so it caches entries only from a store it owns.
+        let entry_cache = Arc::new(match metadata.shared() {
+            false => EntryCache::default(),
+            true => EntryCache::disabled(),
+        });
         let events = EventHub::new(metadata.clone(), entry_cache.clone(), shutdown).await?;
+        let sessions = SessionService::new(metadata.clone());
         Ok(Self {
             storage: StorageService::new(
                 metadata.clone(),
@@ -128,8 +151,9 @@ impl AppContext {
                 config.storage.quota_bytes,
                 config.signup.mode,
                 entry_cache,
+                sessions.clone(),
             ),
-            access: AccessControl::new(SessionService::new(metadata.clone()), policy.clone()),
+            access: AccessControl::new(sessions, policy.clone()),
             metrics: Arc::new(Metrics::new(Some(policy.clone()))?),
             policy,
             rate_limits: RateLimits::new(&config.rate_limit),
@@ -147,6 +171,8 @@ impl AppContext {
 /// A running homeserver.
 pub struct Homeserver {
     context: Arc<AppContext>,
+    /// The local database and blob folder belong to this process until it stops.
+    storage_lock: crate::persistence::LocalStorageLock,
     /// Keeps the policies folder watched while the server runs.
     _watcher: Option<homeserver_runtime::WatchHandle>,
     http_addr: SocketAddr,
@@ -161,6 +187,9 @@ impl Homeserver {
     /// Builds the context, binds every listener, then starts serving.
     pub async fn start(config: Config) -> Result<Self, StartError> {
         let shutdown = CancellationToken::new();
+        // Before anything opens the stores: a second server on them is refused.
+        let storage_lock =
+            persistence::lock_local_storage(&config.storage.database_url, &config.storage.blobs)?;
         let context = Arc::new(AppContext::build(config, shutdown.clone()).await?);
         let config = &context.config;
 
@@ -269,6 +298,7 @@ impl Homeserver {
 
         Ok(Self {
             context,
+            storage_lock,
             _watcher: watcher,
             http_addr,
             tls_addr,
@@ -312,6 +342,8 @@ impl Homeserver {
         self.shutdown.cancel();
         while self.tasks.join_next().await.is_some() {}
         self.context.metadata.close().await;
+        // Only now may another process open the stores.
+        drop(self.storage_lock);
     }
 
     /// Serves until SIGINT or SIGTERM, then shuts down gracefully.
@@ -356,15 +388,27 @@ async fn load_policies(config: &Config) -> Result<PolicyRuntime, StartError> {
     let runtime = tokio::task::spawn_blocking(move || PolicyRuntime::load(runtime_config))
         .await
         .map_err(|e| StartError::RuntimeStart(e.to_string()))??;
+    let mut failed = Vec::new();
     for slot in runtime.status() {
         match (&slot.source, &slot.last_error) {
             (Some(source), None) => {
                 tracing::info!(slot = %slot.slot, %source, blake3 = slot.blake3.as_deref().unwrap_or(""), "guest loaded")
             }
-            (_, Some(error)) => {
-                tracing::warn!(slot = %slot.slot, %error, safe_default = slot.safe_default, "guest not loaded")
-            }
+            (_, Some(error)) => failed.push(format!("policy slot {}: {error}", slot.slot)),
             (None, None) => tracing::warn!(slot = %slot.slot, "no guest for this slot"),
+        }
+    }
+    if !failed.is_empty() {
+        match config.policies.on_start_error {
+            PolicyStartMode::Stop => return Err(StartError::PolicyLoad(failed.join("\n"))),
+            PolicyStartMode::SafeDefault => {
+                for failure in &failed {
+                    tracing::error!(
+                        "{failure}; starting anyway (policies.on_start_error = \"safe-default\"): \
+                         the slot answers with its safe default until a reload fixes it"
+                    );
+                }
+            }
         }
     }
     Ok(runtime)
@@ -399,9 +443,8 @@ async fn reload_on_sighup(context: Arc<AppContext>, stop: CancellationToken) {
         }
         let policy = context.policy.clone();
         match tokio::task::spawn_blocking(move || policy.reload()).await {
-            Ok(report) => {
-                tracing::info!(ok = report.is_ok(), report = ?report.slots, "policies reloaded (SIGHUP)")
-            }
+            Ok(report) if report.is_ok() => tracing::info!("policies reloaded (SIGHUP): {report}"),
+            Ok(report) => tracing::error!("policies reloaded with errors (SIGHUP): {report}"),
             Err(e) => tracing::error!(error = %e, "policy reload panicked"),
         }
     }
@@ -422,12 +465,12 @@ fn connection_limits(config: &Config) -> serve::ConnectionLimits {
                 .unwrap_or(usize::MAX)
                 .max(16);
             if affordable < max_connections {
-                tracing::warn!(
+                tracing::info!(
                     open_files_limit = fds,
                     configured = max_connections,
                     using = affordable,
-                    "http.max_connections is above what the open-files limit allows; lowered \
-                     (raise the hard limit, e.g. LimitNOFILE= or ulimit -Hn)"
+                    "http.max_connections lowered to what the open-files limit allows \
+                     (raise the hard limit for more, e.g. LimitNOFILE= or ulimit -Hn)"
                 );
                 max_connections = affordable;
             }

@@ -29,6 +29,48 @@ pub enum Command {
     /// Work with Wasm guests (see docs/guests.md).
     #[command(subcommand)]
     Policy(PolicyCommand),
+    /// Check the stores against each other: entries whose value is missing, values no
+    /// entry references, usage that disagrees with the entries. Exit code 0 when clean
+    /// (or repaired), 1 when something was found and not repaired.
+    Fsck {
+        /// Fix what was found: remove entries whose value is lost (with a DEL event),
+        /// delete unreferenced values, correct usage.
+        #[arg(long)]
+        repair: bool,
+        /// Only values unreferenced for this many seconds count as orphans (younger ones
+        /// may be uploads in flight on a running server).
+        #[arg(long, default_value_t = 600, value_name = "SECONDS")]
+        min_orphan_age: u64,
+        /// Print the report as JSON.
+        #[arg(long)]
+        json: bool,
+    },
+    /// Write one user's data as an archive (tar; format in docs/deploy.md) to FILE or
+    /// stdout.
+    Export {
+        /// The user's public key (z-base-32).
+        #[arg(long)]
+        user: String,
+        /// The archive to write ("-" or nothing: stdout). An existing file is refused.
+        #[arg(long, short, value_name = "FILE")]
+        out: Option<PathBuf>,
+    },
+    /// Store the values of an archive made by `export` (from FILE or stdin) as its user,
+    /// each checked against its hash; signs the user up when needed.
+    Import {
+        /// The archive ("-" or nothing: stdin).
+        file: Option<PathBuf>,
+    },
+    /// Copy this deployment (the --config's stores) to the stores another config file
+    /// names, e.g. from SQLite + disk to PostgreSQL + S3: users, values, entries, the
+    /// event log with its cursors, signup tokens, sessions. Stop the servers first. An
+    /// interrupted copy resumes where it stopped when run again.
+    Migrate {
+        /// The target's config file; only its [storage] and [s3] are used (the
+        /// environment does not apply to it).
+        #[arg(long, value_name = "FILE")]
+        to: PathBuf,
+    },
 }
 
 #[derive(Debug, Subcommand)]

@@ -9,7 +9,7 @@ use figment::Figment;
 use figment::providers::{Env, Format, Toml};
 use serde::{Deserialize, Serialize};
 
-use crate::persistence::{BlobsUrl, DatabaseUrl};
+use crate::persistence::{BlobsUrl, DatabaseUrl, S3Settings, Secret};
 
 /// The defaults, embedded at build time.
 pub const DEFAULT_CONFIG: &str = include_str!("../config.default.toml");
@@ -23,6 +23,8 @@ pub struct Config {
     pub metrics: MetricsConfig,
     pub rate_limit: RateLimitConfig,
     pub storage: StorageConfig,
+    /// How to reach the S3-compatible store of `storage.blobs = "s3://..."`.
+    pub s3: S3Settings,
     pub signup: SignupConfig,
     pub policies: PoliciesConfig,
     pub keys: KeysConfig,
@@ -145,12 +147,17 @@ pub struct StorageConfig {
     /// (trimmed) replaces `database_url`, so the password need not be in the config.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub database_url_file: Option<PathBuf>,
-    /// The blob store: `file://DIR`.
+    /// The blob store: `file://DIR` or `s3://BUCKET[/PREFIX]` (see `[s3]`).
     pub blobs: BlobsUrl,
     /// Per-user quota in bytes; 0 = unlimited.
     pub quota_bytes: u64,
     /// Largest value in bytes.
     pub max_value_bytes: u64,
+    /// Connections to a shared database (PostgreSQL) per server instance.
+    pub pool_size: u32,
+    /// Seconds any metadata or blob operation may take before the request gets 503
+    /// (a backing store that is down or unreachable).
+    pub timeout_secs: u64,
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
@@ -175,6 +182,20 @@ pub struct PoliciesConfig {
     pub dir: PathBuf,
     /// Where compiled guests are cached; empty = no cache.
     pub cache_dir: PathBuf,
+    /// What a slot whose module fails to load at start does: stop the server (default),
+    /// or serve the slot's safe default until a reload fixes it.
+    pub on_start_error: PolicyStartMode,
+}
+
+/// See [`PoliciesConfig::on_start_error`].
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "kebab-case")]
+pub enum PolicyStartMode {
+    /// Refuse to start, naming the slot and the error.
+    Stop,
+    /// Start; the slot yields its safe default (the capability policy: 503 to every
+    /// request it decides), with an ERROR log, until a reload loads a working module.
+    SafeDefault,
 }
 
 #[derive(Debug, Clone, Serialize, Deserialize)]
@@ -208,6 +229,17 @@ pub enum ConfigError {
     Invalid(String),
 }
 
+impl StorageConfig {
+    /// The settings every backend is opened with.
+    pub fn backend_options(&self) -> crate::persistence::BackendOptions {
+        crate::persistence::BackendOptions {
+            max_connections: self.pool_size,
+            timeout: std::time::Duration::from_secs(self.timeout_secs),
+            group_commit: true,
+        }
+    }
+}
+
 impl Config {
     /// Defaults, then `file` if given, then the process environment.
     pub fn load(file: Option<&Path>) -> Result<Self, ConfigError> {
@@ -220,10 +252,41 @@ impl Config {
             })?;
             figment = figment.merge(Toml::string(&text));
         }
-        figment = figment.merge(Env::prefixed("HOMESERVER__").split("__"));
+        figment = figment.merge(Env::prefixed(ENV_PREFIX).split("__"));
+        let unknown = unknown_keys(&figment, file);
+        if !unknown.is_empty() {
+            return Err(ConfigError::Invalid(format!(
+                "unknown key{}: {} (see `homeserver --print-config` for every key)",
+                if unknown.len() == 1 { "" } else { "s" },
+                unknown.join(", ")
+            )));
+        }
         let mut config: Config = figment
             .extract()
-            .map_err(|e| ConfigError::Invalid(describe(e)))?;
+            .map_err(|e| ConfigError::Invalid(describe(e, file)))?;
+        config.read_secret_files()?;
+        config.validate()?;
+        Ok(config)
+    }
+
+    /// Defaults, then `file`, without the environment (a second deployment's config,
+    /// e.g. the target of `homeserver migrate`).
+    pub fn load_file_only(file: &Path) -> Result<Self, ConfigError> {
+        let text = std::fs::read_to_string(file).map_err(|source| ConfigError::Read {
+            path: file.to_owned(),
+            source,
+        })?;
+        let figment = Figment::from(Toml::string(DEFAULT_CONFIG)).merge(Toml::string(&text));
+        let unknown = unknown_keys(&figment, Some(file));
+        if !unknown.is_empty() {
+            return Err(ConfigError::Invalid(format!(
+                "unknown keys: {}",
+                unknown.join(", ")
+            )));
+        }
+        let mut config: Config = figment
+            .extract()
+            .map_err(|e| ConfigError::Invalid(describe(e, Some(file))))?;
         config.read_secret_files()?;
         config.validate()?;
         Ok(config)
@@ -254,6 +317,18 @@ impl Config {
                     path.display()
                 ))
             })?;
+        }
+        if let Some(path) = self
+            .s3
+            .secret_access_key_file
+            .as_ref()
+            .filter(|p| !p.as_os_str().is_empty())
+        {
+            let text = std::fs::read_to_string(path).map_err(|source| ConfigError::Read {
+                path: path.clone(),
+                source,
+            })?;
+            self.s3.secret_access_key = Secret::new(text.trim());
         }
         Ok(())
     }
@@ -293,6 +368,8 @@ impl Config {
                 self.http.body_idle_timeout_secs,
             ),
             ("http.max_connections", self.http.max_connections as u64),
+            ("storage.timeout_secs", self.storage.timeout_secs),
+            ("storage.pool_size", u64::from(self.storage.pool_size)),
         ] {
             if value == 0 {
                 return Err(ConfigError::Invalid(format!("{key} must be at least 1")));
@@ -312,17 +389,68 @@ impl Config {
     }
 }
 
-/// Turns figment's errors into one line per problem, each naming the key.
-fn describe(error: figment::Error) -> String {
+/// Prefix of the environment variables that override settings.
+const ENV_PREFIX: &str = "HOMESERVER__";
+
+/// Settings that have no default (so are absent from config.default.toml).
+const OPTIONAL_KEYS: &[&str] = &["storage.database_url_file", "s3.secret_access_key_file"];
+
+/// Where a setting came from, as the operator wrote it: the environment variable's
+/// name, or the key and the config file.
+fn origin(metadata: Option<&figment::Metadata>, key: &[String], file: Option<&Path>) -> String {
+    let from_env = metadata.is_some_and(|m| m.name.contains("environment"));
+    if from_env {
+        return format!("{ENV_PREFIX}{}", key.join("__").to_ascii_uppercase());
+    }
+    match file {
+        Some(path) => format!("{} (in {})", key.join("."), path.display()),
+        None => key.join("."),
+    }
+}
+
+/// Every key set in a file or the environment that no setting has (serde would name
+/// only the first).
+fn unknown_keys(figment: &Figment, file: Option<&Path>) -> Vec<String> {
+    let Ok(known) = DEFAULT_CONFIG.parse::<toml::Table>() else {
+        return Vec::new();
+    };
+    let Ok(merged) = figment.extract::<figment::value::Dict>() else {
+        return Vec::new();
+    };
+    let mut unknown = Vec::new();
+    for (section, value) in &merged {
+        let keys = match (known.get(section), value) {
+            (Some(toml::Value::Table(keys)), figment::value::Value::Dict(_, set)) => (keys, set),
+            (Some(_), _) => continue,
+            (None, value) => {
+                let metadata = figment.get_metadata(value.tag());
+                unknown.push(origin(metadata, std::slice::from_ref(section), file));
+                continue;
+            }
+        };
+        for (key, value) in keys.1 {
+            let dotted = format!("{section}.{key}");
+            if keys.0.contains_key(key) || OPTIONAL_KEYS.contains(&dotted.as_str()) {
+                continue;
+            }
+            let metadata = figment.get_metadata(value.tag());
+            unknown.push(origin(metadata, &[section.clone(), key.clone()], file));
+        }
+    }
+    unknown
+}
+
+/// Turns figment's errors into one line per problem, each naming the setting as the
+/// operator wrote it (the key in the file, or the environment variable).
+fn describe(error: figment::Error, file: Option<&Path>) -> String {
     error
         .into_iter()
         .map(|e| {
-            let key = e.path.join(".");
             let msg = e.kind.to_string();
-            if key.is_empty() {
+            if e.path.is_empty() {
                 msg
             } else {
-                format!("{key}: {msg}")
+                format!("{}: {msg}", origin(e.metadata.as_ref(), &e.path, file))
             }
         })
         .collect::<Vec<_>>()
@@ -330,6 +458,8 @@ fn describe(error: figment::Error) -> String {
 }
 
 #[cfg(test)]
+// figment's Jail closures return figment::Error, which is large; fine in tests.
+#[allow(clippy::result_large_err)]
 mod tests {
     use super::*;
 
@@ -344,56 +474,93 @@ mod tests {
 
     #[test]
     fn file_overrides_defaults_and_unknown_keys_are_named() {
-        let dir = tempfile::tempdir().unwrap();
-        let path = dir.path().join("c.toml");
-        std::fs::write(&path, "[storage]\nquota_bytes = 5\n").unwrap();
-        let c = Config::load(Some(&path)).unwrap();
-        assert_eq!(c.storage.quota_bytes, 5);
-        assert_eq!(c.storage.max_value_bytes, 10 * 1024 * 1024);
+        // In a jail: another test sets HOMESERVER__ variables.
+        figment::Jail::expect_with(|_| {
+            let dir = tempfile::tempdir().unwrap();
+            let path = dir.path().join("c.toml");
+            std::fs::write(&path, "[storage]\nquota_bytes = 5\n").unwrap();
+            let c = Config::load(Some(&path)).unwrap();
+            assert_eq!(c.storage.quota_bytes, 5);
+            assert_eq!(c.storage.max_value_bytes, 10 * 1024 * 1024);
 
-        std::fs::write(&path, "[storage]\nquota_byte = 5\n").unwrap();
-        let err = Config::load(Some(&path)).unwrap_err().to_string();
-        assert!(err.contains("quota_byte"), "{err}");
+            std::fs::write(&path, "[storage]\nquota_byte = 5\n").unwrap();
+            let err = Config::load(Some(&path)).unwrap_err().to_string();
+            assert!(err.contains("quota_byte"), "{err}");
 
-        std::fs::write(&path, "[http]\nlisten = \"nonsense\"\n").unwrap();
-        let err = Config::load(Some(&path)).unwrap_err().to_string();
-        assert!(err.contains("http.listen"), "{err}");
+            // Every unknown key is named, not only the first, with where it is.
+            std::fs::write(
+                &path,
+                "[storage]\nquota_byte = 5\nblob = \"x\"\n[htp]\nlisten = \"x\"\n",
+            )
+            .unwrap();
+            let err = Config::load(Some(&path)).unwrap_err().to_string();
+            for key in ["storage.quota_byte", "storage.blob", "htp"] {
+                assert!(err.contains(key), "{key} missing from: {err}");
+            }
+            assert!(err.contains("c.toml"), "{err}");
 
-        let err = Config::load(Some(&dir.path().join("missing.toml"))).unwrap_err();
-        assert!(err.to_string().contains("missing.toml"));
+            std::fs::write(&path, "[http]\nlisten = \"nonsense\"\n").unwrap();
+            let err = Config::load(Some(&path)).unwrap_err().to_string();
+            assert!(err.contains("http.listen"), "{err}");
+
+            let err = Config::load(Some(&dir.path().join("missing.toml"))).unwrap_err();
+            assert!(err.to_string().contains("missing.toml"));
+            Ok(())
+        });
+    }
+
+    #[test]
+    fn environment_variables_are_named_as_written() {
+        figment::Jail::expect_with(|jail| {
+            jail.set_env("HOMESERVER__HTTP__LISTEN", "nonsense");
+            let err = Config::load(None).unwrap_err().to_string();
+            assert!(err.contains("HOMESERVER__HTTP__LISTEN"), "{err}");
+
+            jail.set_env("HOMESERVER__HTTP__LISTEN", "127.0.0.1:1");
+            jail.set_env("HOMESERVER__STORAGE__QUOTA_BYTE", "5");
+            jail.set_env("HOMESERVER__HTTP__LISTN", "x");
+            let err = Config::load(None).unwrap_err().to_string();
+            assert!(err.contains("HOMESERVER__STORAGE__QUOTA_BYTE"), "{err}");
+            assert!(err.contains("HOMESERVER__HTTP__LISTN"), "{err}");
+            Ok(())
+        });
     }
 
     #[test]
     fn database_url_from_a_file_and_never_printed() {
-        let dir = tempfile::tempdir().unwrap();
-        let secret = dir.path().join("database-url");
-        std::fs::write(&secret, "postgres://hs:pa55word@db.internal:5432/hs\n").unwrap();
-        let path = dir.path().join("c.toml");
-        std::fs::write(
-            &path,
-            format!("[storage]\ndatabase_url_file = \"{}\"\n", secret.display()),
-        )
-        .unwrap();
-        let c = Config::load(Some(&path)).unwrap();
-        assert_eq!(
-            c.storage.database_url.expose_secret(),
-            "postgres://hs:pa55word@db.internal:5432/hs"
-        );
-        let printed = toml::to_string_pretty(&c).unwrap();
-        assert!(!printed.contains("pa55word"), "{printed}");
-        assert!(printed.contains("hs:****@db.internal"), "{printed}");
-        assert!(!format!("{c:?}").contains("pa55word"));
+        // In a jail: another test sets HOMESERVER__ variables.
+        figment::Jail::expect_with(|_| {
+            let dir = tempfile::tempdir().unwrap();
+            let secret = dir.path().join("database-url");
+            std::fs::write(&secret, "postgres://hs:pa55word@db.internal:5432/hs\n").unwrap();
+            let path = dir.path().join("c.toml");
+            std::fs::write(
+                &path,
+                format!("[storage]\ndatabase_url_file = \"{}\"\n", secret.display()),
+            )
+            .unwrap();
+            let c = Config::load(Some(&path)).unwrap();
+            assert_eq!(
+                c.storage.database_url.expose_secret(),
+                "postgres://hs:pa55word@db.internal:5432/hs"
+            );
+            let printed = toml::to_string_pretty(&c).unwrap();
+            assert!(!printed.contains("pa55word"), "{printed}");
+            assert!(printed.contains("hs:****@db.internal"), "{printed}");
+            assert!(!format!("{c:?}").contains("pa55word"));
 
-        std::fs::write(&secret, "mysql://x").unwrap();
-        let err = Config::load(Some(&path)).unwrap_err().to_string();
-        assert!(err.contains("database_url_file"), "{err}");
-        std::fs::remove_file(&secret).unwrap();
-        let err = Config::load(Some(&path)).unwrap_err().to_string();
-        assert!(err.contains("database-url"), "{err}");
+            std::fs::write(&secret, "mysql://x").unwrap();
+            let err = Config::load(Some(&path)).unwrap_err().to_string();
+            assert!(err.contains("database_url_file"), "{err}");
+            std::fs::remove_file(&secret).unwrap();
+            let err = Config::load(Some(&path)).unwrap_err().to_string();
+            assert!(err.contains("database-url"), "{err}");
 
-        std::fs::write(&path, "[storage]\nblobs = \"ftp://x\"\n").unwrap();
-        let err = Config::load(Some(&path)).unwrap_err().to_string();
-        assert!(err.contains("storage.blobs"), "{err}");
+            std::fs::write(&path, "[storage]\nblobs = \"ftp://x\"\n").unwrap();
+            let err = Config::load(Some(&path)).unwrap_err().to_string();
+            assert!(err.contains("storage.blobs"), "{err}");
+            Ok(())
+        });
     }
 
     #[test]

@@ -5,13 +5,15 @@
 //! object_store blobs). [`app`] builds the context and runs the listeners ([`serve`],
 //! with [`tls`] for the raw-public-key and X.509 listeners);
 //! [`config`] loads settings; [`rate_limit`] and [`metrics`] wrap client requests;
-//! `main.rs` only parses the command line.
+//! [`policy_cli`] and [`maintenance_cli`] are the command-line tools (guests; fsck,
+//! export, import, migrate); `main.rs` only parses the command line.
 
 pub mod admin_server;
 pub mod app;
 pub mod cli;
 pub mod client_server;
 pub mod config;
+pub mod maintenance_cli;
 pub mod metrics;
 pub mod metrics_server;
 pub mod persistence;

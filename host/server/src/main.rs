@@ -44,6 +44,17 @@ async fn main() -> ExitCode {
             }
         }
     }
+    if let Some(command) = cli.command {
+        // fsck, export, import, migrate: warnings only, on stderr (stdout may carry an
+        // archive or a report).
+        tracing_subscriber::fmt()
+            .with_writer(std::io::stderr)
+            .with_env_filter(
+                EnvFilter::try_from_default_env().unwrap_or_else(|_| EnvFilter::new("warn")),
+            )
+            .init();
+        return homeserver::maintenance_cli::run(config, command).await;
+    }
     init_logging(config.logging.format);
     match Homeserver::start(config).await {
         Ok(server) => {

@@ -4,52 +4,94 @@ use std::path::PathBuf;
 use std::str::FromStr;
 
 use clap::{Args, Parser, Subcommand};
-use pk_client::{DEFAULT_HOMESERVER, PublicKey};
+use pk_client::PublicKey;
 
 #[derive(Debug, Parser)]
 #[command(
     name = "pk",
     version,
     about = "Store and read data on a homeserver",
-    after_help = "The secret key comes from --key-file / PK_SECRET_KEY_FILE (a file holding \
-                  64 hex characters), or from PK_SECRET_KEY (the 64 hex characters)."
+    after_help = "Settings come from, in rising order: built-in defaults, the config file \
+                  (~/.config/pk/config.toml, or PK_CONFIG; see `pk config`), the environment \
+                  (PK_HOMESERVER, PK_SECRET_KEY_FILE, PK_SECRET_KEY, PK_PROFILE), then flags.\n\
+                  The secret key is a file holding 64 hex characters (`pk keygen` writes one \
+                  to ~/.config/pk/keys/<profile>.key), or PK_SECRET_KEY itself."
 )]
 pub struct Cli {
-    /// Base URL of the homeserver.
-    #[arg(
-        long,
-        global = true,
-        env = "PK_HOMESERVER",
-        default_value = DEFAULT_HOMESERVER,
-        value_name = "URL"
-    )]
-    pub homeserver: String,
-
-    /// File holding the secret key (64 hex characters); PK_SECRET_KEY is used otherwise.
-    #[arg(long, global = true, env = "PK_SECRET_KEY_FILE", value_name = "FILE")]
-    pub key_file: Option<PathBuf>,
+    #[command(flatten)]
+    pub global: GlobalArgs,
 
     #[command(subcommand)]
     pub command: Command,
 }
 
+/// Flags every command takes.
+#[derive(Debug, Args)]
+pub struct GlobalArgs {
+    /// Homeserver URL (`host:port` alone means http://host:port) [default:
+    /// http://127.0.0.1:6286, or the profile's `homeserver`].
+    #[arg(long, global = true, env = "PK_HOMESERVER", value_name = "URL")]
+    pub homeserver: Option<String>,
+
+    /// File holding the secret key (64 hex characters) [default: the profile's
+    /// `key_file`, or ~/.config/pk/keys/<profile>.key].
+    #[arg(long, global = true, env = "PK_SECRET_KEY_FILE", value_name = "FILE")]
+    pub key_file: Option<PathBuf>,
+
+    /// Profile of the config file to use [default: the file's `profile`, or `default`].
+    #[arg(long, global = true, env = "PK_PROFILE", value_name = "NAME")]
+    pub profile: Option<String>,
+
+    /// Machine-readable output: JSON on standard output (one object, or one per line
+    /// for event commands), errors as one JSON object on standard error.
+    #[arg(long, global = true)]
+    pub json: bool,
+
+    /// How often to retry a request the homeserver turned away for load (429, 503),
+    /// after the wait it asks for (at most 60 s); 0 never retries.
+    #[arg(
+        long,
+        global = true,
+        env = "PK_RETRIES",
+        value_name = "N",
+        default_value_t = 5
+    )]
+    pub retries: u32,
+
+    /// No progress bars (they are shown only on a terminal, for values of 1 MiB or more).
+    #[arg(long, global = true)]
+    pub no_progress: bool,
+}
+
 #[derive(Debug, Subcommand)]
 pub enum Command {
-    /// Create a new key pair.
+    /// Create a new key pair and save the secret key.
     ///
-    /// With --out, writes the secret to FILE (mode 0600) and prints the public key;
-    /// without, prints the secret on stdout and the public key on stderr.
+    /// Without --out, the secret goes where pk will look for it: the profile's key file
+    /// (--key-file / PK_SECRET_KEY_FILE, or the profile's `key_file`), else
+    /// ~/.config/pk/keys/<profile>.key; mode 0600. An existing key is never replaced
+    /// unless --force is given. Prints the public key.
     Keygen {
         /// Where to write the secret key.
-        #[arg(long, value_name = "FILE")]
+        #[arg(long, value_name = "FILE", conflicts_with = "print")]
         out: Option<PathBuf>,
-        /// Overwrite FILE if it exists.
-        #[arg(long, requires = "out")]
+        /// Print the secret on standard output (public key on standard error) instead of
+        /// saving it.
+        #[arg(long)]
+        print: bool,
+        /// Replace an existing key file.
+        #[arg(long, conflicts_with = "print")]
         force: bool,
     },
 
     /// Print the public key of the configured secret key.
     Pubkey,
+
+    /// Show who you are on the homeserver: key, account, usage and quota.
+    Whoami,
+
+    /// Show the effective settings (homeserver, profile, key) and where each comes from.
+    Config,
 
     /// Mint a session token limited to capabilities (prints the token on stdout and its
     /// expiry on stderr). Use it as `Authorization: Bearer <token>`.
@@ -62,9 +104,9 @@ pub enum Command {
         ttl: Option<u64>,
     },
 
-    /// Register the configured key with the homeserver.
+    /// Register the configured key with the homeserver (safe to repeat).
     Signup {
-        /// Signup token, when the homeserver requires one (XXXX-XXXX-XXXX).
+        /// Signup token, when the homeserver requires one (XXXX-XXXX-XXXX, any case).
         #[arg(long, value_name = "TOKEN")]
         token: Option<String>,
     },
@@ -78,44 +120,88 @@ pub enum Command {
     },
 
     /// Read the value at PATH (to standard output unless -o is given).
+    ///
+    /// The value is checked against its content hash. To a terminal, a value that is
+    /// not text is refused (use -o, a pipe, or --force).
     Get {
         /// Storage path, e.g. /pub/app/notes.txt.
         path: String,
         /// Read this user's public data instead of your own (no key needed).
         #[arg(long, value_name = "Z32")]
         user: Option<PublicKey>,
-        /// Write the value to FILE instead of standard output.
+        /// Write the value to FILE instead of standard output (never replacing an
+        /// existing file without --force).
         #[arg(short, long, value_name = "FILE")]
         out: Option<PathBuf>,
+        /// Replace an existing FILE; print a binary value to a terminal.
+        #[arg(long)]
+        force: bool,
+    },
+
+    /// Show an entry's size, content hash and update time, without reading it.
+    Stat {
+        /// Storage path, e.g. /pub/app/notes.txt.
+        path: String,
+        /// This user's public data instead of your own (no key needed).
+        #[arg(long, value_name = "Z32")]
+        user: Option<PublicKey>,
     },
 
     /// List the entries under a directory path, one path per line.
     Ls(LsArgs),
 
-    /// Delete the entry at PATH.
+    /// Delete the entry at PATH (with -r, everything under it).
     Rm {
-        /// Storage path, e.g. /pub/app/notes.txt.
+        /// Storage path, e.g. /pub/app/notes.txt (or /pub/app/ with -r).
         path: String,
+        /// Delete every entry under PATH/ (and PATH itself, when it is an entry).
+        #[arg(short, long)]
+        recursive: bool,
     },
+
+    /// Copy a file or, with -r, a folder between this machine and the homeserver.
+    ///
+    /// Homeserver paths start with /pub/ (or /private/); anything else is local (write
+    /// ./pub/... for a local folder named pub). Files whose content hash already matches
+    /// are skipped; downloads are checked against their hash before they replace a file.
+    Cp(CopyArgs),
+
+    /// Make a folder match another, between this machine and the homeserver.
+    ///
+    /// Like `cp -r`: only new and changed files (by content hash) are sent; with
+    /// --delete, files the source does not have are removed from the destination.
+    Sync(SyncArgs),
 
     /// Print the events of some users, one line per event as it arrives.
     ///
     /// Each line is `CURSOR PUT|DEL URL[ CONTENT_HASH]` (or the event as JSON with
     /// --json). Without --live the command ends after the history; with it, it waits for
-    /// new events until interrupted. No key is needed unless a USER is `me`.
+    /// new events until interrupted. No key is needed unless a USER is `me`; when one is
+    /// configured the request is signed (it then counts against the key's rate limit).
     Stream(StreamArgs),
 
     /// Print the feed of every user's events, oldest first, one line per event.
     ///
     /// Lines as for `pk stream`. Without --all one page is printed, and when the page is
-    /// full the cursor to continue from goes to standard error.
+    /// full the cursor to continue from goes to standard error. Signed when a key is
+    /// configured.
     Events(EventsArgs),
+
+    /// Print a shell completion script: `pk completions bash > ~/.local/share/bash-completion/completions/pk`.
+    Completions {
+        /// The shell.
+        #[arg(value_enum)]
+        shell: clap_complete::Shell,
+    },
 }
 
 #[derive(Debug, Args)]
 pub struct LsArgs {
     /// Directory path, e.g. /pub/app/ (a missing trailing `/` is added).
     pub path: String,
+    /// Long format: size in bytes, last update (UTC) and path.
+    #[arg(short, long)]
+    pub long: bool,
     /// Entries per page (1-1000; the server's default is 100).
     #[arg(long, value_name = "N", value_parser = clap::value_parser!(u32).range(1..=1000))]
     pub limit: Option<u32>,
@@ -134,6 +220,44 @@ pub struct LsArgs {
     /// Follow cursors until the end of the listing.
     #[arg(long)]
     pub all: bool,
+}
+
+#[derive(Debug, Args)]
+pub struct CopyArgs {
+    /// Where from: a local file or folder, or a homeserver path.
+    pub source: String,
+    /// Where to: a homeserver path or a local file or folder.
+    pub destination: String,
+    /// Copy a folder and everything in it.
+    #[arg(short, long)]
+    pub recursive: bool,
+    /// Replace a local file that exists with other content (a single-file copy; -r
+    /// always brings changed files up to date).
+    #[arg(long)]
+    pub force: bool,
+    /// Download this user's public data instead of your own (no key needed).
+    #[arg(long, value_name = "Z32")]
+    pub user: Option<PublicKey>,
+    /// Show what would be copied without doing it.
+    #[arg(long)]
+    pub dry_run: bool,
+}
+
+#[derive(Debug, Args)]
+pub struct SyncArgs {
+    /// The folder to copy from: local, or a homeserver path like /pub/site/.
+    pub source: String,
+    /// The folder to bring up to date: a homeserver path, or local.
+    pub destination: String,
+    /// Also delete what the destination has and the source does not.
+    #[arg(long)]
+    pub delete: bool,
+    /// Show what would change without doing it.
+    #[arg(long)]
+    pub dry_run: bool,
+    /// Download this user's public data instead of your own (no key needed).
+    #[arg(long, value_name = "Z32")]
+    pub user: Option<PublicKey>,
 }
 
 #[derive(Debug, Args)]
@@ -157,9 +281,6 @@ pub struct StreamArgs {
     /// Start after this cursor, for every USER that does not name its own.
     #[arg(long, value_name = "N")]
     pub cursor: Option<u64>,
-    /// Print each event as a JSON object.
-    #[arg(long)]
-    pub json: bool,
 }
 
 /// A `USER[:CURSOR]` argument of `pk stream`.
@@ -210,9 +331,6 @@ pub struct EventsArgs {
     /// Follow cursors until the end of the feed.
     #[arg(long)]
     pub all: bool,
-    /// Print each event as a JSON object.
-    #[arg(long)]
-    pub json: bool,
 }
 
 #[cfg(test)]
@@ -293,18 +411,84 @@ mod tests {
                 },
             ]
         );
-        assert!(stream.live && stream.json && !stream.reverse);
+        assert!(stream.live && !stream.reverse);
+        assert!(
+            cli.global.json,
+            "--json after the subcommand is the global flag"
+        );
         assert_eq!(stream.path.as_deref(), Some("/pub/a/"));
         // Range checks on the limit are the server's (its message is shown).
         assert_eq!(stream.limit, Some(0));
         assert_eq!(stream.cursor, Some(7));
 
         let cli = Cli::try_parse_from(["pk", "events", "--cursor", "5", "--all"]).unwrap();
+        assert!(!cli.global.json);
         let Command::Events(events) = cli.command else {
             panic!("not events");
         };
         assert_eq!((events.cursor, events.limit), (5, None));
-        assert!(events.all && !events.json);
+        assert!(events.all);
+    }
+
+    #[test]
+    fn parses_the_new_commands() {
+        let cli = Cli::try_parse_from(["pk", "ls", "-l", "/pub/a/"]).unwrap();
+        assert!(matches!(
+            cli.command,
+            Command::Ls(LsArgs { long: true, .. })
+        ));
+        let cli = Cli::try_parse_from(["pk", "rm", "-r", "/pub/a/"]).unwrap();
+        assert!(matches!(
+            cli.command,
+            Command::Rm {
+                recursive: true,
+                ..
+            }
+        ));
+        let cli = Cli::try_parse_from(["pk", "cp", "-r", "./site", "/pub/site/"]).unwrap();
+        let Command::Cp(cp) = cli.command else {
+            panic!("not cp");
+        };
+        assert!(cp.recursive && !cp.force && !cp.dry_run);
+        assert_eq!(
+            (cp.source.as_str(), cp.destination.as_str()),
+            ("./site", "/pub/site/")
+        );
+        let cli =
+            Cli::try_parse_from(["pk", "sync", "/pub/s/", "out", "--delete", "--dry-run"]).unwrap();
+        assert!(matches!(
+            cli.command,
+            Command::Sync(SyncArgs {
+                delete: true,
+                dry_run: true,
+                ..
+            })
+        ));
+        let cli = Cli::try_parse_from([
+            "pk",
+            "get",
+            "/pub/a",
+            "-o",
+            "a",
+            "--force",
+            "--profile",
+            "work",
+            "--retries",
+            "0",
+            "--no-progress",
+        ])
+        .unwrap();
+        assert!(matches!(cli.command, Command::Get { force: true, .. }));
+        assert_eq!(cli.global.profile.as_deref(), Some("work"));
+        assert_eq!(cli.global.retries, 0);
+        assert!(cli.global.no_progress);
+        let cli = Cli::try_parse_from(["pk", "completions", "zsh"]).unwrap();
+        assert!(matches!(
+            cli.command,
+            Command::Completions {
+                shell: clap_complete::Shell::Zsh
+            }
+        ));
     }
 
     #[test]
@@ -315,7 +499,12 @@ mod tests {
             vec!["pk", "ls", "/pub/", "--limit", "0"],
             vec!["pk", "ls", "/pub/", "--limit", "1001"],
             vec!["pk", "get", "/pub/a", "--user", "not-a-key"],
-            vec!["pk", "keygen", "--force"],
+            vec!["pk", "keygen", "--print", "--force"],
+            vec!["pk", "keygen", "--print", "--out", "x.key"],
+            vec!["pk", "completions", "tcsh"],
+            vec!["pk", "cp", "/pub/a"],
+            vec!["pk", "sync", "a"],
+            vec!["pk", "--retries", "-1", "pubkey"],
             vec!["pk", "frobnicate"],
             vec!["pk", "stream"],
             vec!["pk", "stream", "nope"],

@@ -1,11 +1,13 @@
 //! The event commands: `pk stream` (per-user Server-Sent Events, optionally live) and
 //! `pk events` (the JSON feed of every user). Both print one line per event; a streamed
 //! line is flushed as soon as its event arrives, so `pk stream --live` can be piped.
+//! Neither needs a key; when one is configured the requests are signed, so they count
+//! against the key's rate limit instead of the IP address's smaller anonymous one.
 
 use std::io::Write;
 
 use futures_util::StreamExt;
-use pk_client::{Event, PkClient, StreamRequest};
+use pk_client::{Event, StreamRequest};
 
 use super::args::{EventsArgs, StreamArgs, UserRef};
 use super::{CliError, Context};
@@ -34,23 +36,23 @@ pub async fn stream(ctx: &Context, args: StreamArgs) -> Result<(), CliError> {
         };
         request.users.push((key, user.cursor.or(args.cursor)));
     }
-    let mut events = anonymous_client(ctx)?.stream(request).await?;
+    let mut events = ctx.optionally_signing_client()?.stream(request).await?;
     while let Some(event) = events.next().await {
-        print_lines(&[event?], args.json)?;
+        print_lines(&[event?], ctx.json)?;
     }
     Ok(())
 }
 
 /// `pk events [--cursor N] [--limit N] [--all] [--json]`.
 pub async fn events(ctx: &Context, args: EventsArgs) -> Result<(), CliError> {
-    let client = anonymous_client(ctx)?;
+    let client = ctx.optionally_signing_client()?;
     let mut cursor = args.cursor;
     loop {
         let page = client.events(cursor, args.limit).await?;
         if page.events.is_empty() {
             return Ok(());
         }
-        print_lines(&page.events, args.json)?;
+        print_lines(&page.events, ctx.json)?;
         // A server that does not move forward would make --all loop for ever.
         if page.cursor <= cursor {
             return Err(pk_client::ClientError::InvalidResponse(format!(
@@ -67,11 +69,6 @@ pub async fn events(ctx: &Context, args: EventsArgs) -> Result<(), CliError> {
             return Ok(());
         }
     }
-}
-
-/// Neither event endpoint needs credentials.
-fn anonymous_client(ctx: &Context) -> Result<PkClient, CliError> {
-    Ok(PkClient::new(&ctx.homeserver, None)?)
 }
 
 /// Writes the events' lines and flushes them.

@@ -1,66 +1,177 @@
-//! Secret keys for `pk`: where the configured key comes from (`--key-file`,
-//! `PK_SECRET_KEY_FILE`, `PK_SECRET_KEY`), and `pk keygen` / `pk pubkey`.
+//! Secret keys for `pk`: reading the configured key ([`KeySource`]), `pk keygen`,
+//! `pk pubkey`, and `pk config` (which shows where the key and the other settings come
+//! from).
 //!
 //! The key text form (64 hex characters of the Ed25519 seed) is the protocol crate's;
-//! this module only finds it and keeps it private on disk (mode 0600).
+//! this module only finds it and keeps it private on disk (mode 0600, in a folder of
+//! mode 0700 when `pk` creates it).
 
 use std::io::Write;
 use std::path::{Path, PathBuf};
 
 use pk_client::Keypair;
+use serde_json::json;
 
+use super::config::{KeySource, Origin, SECRET_KEY_ENV};
+use super::output::{print, print_json};
 use super::{CliError, Context};
 
-/// Environment variable holding the secret key itself.
-pub const SECRET_KEY_ENV: &str = "PK_SECRET_KEY";
-
-/// The configured key pair: from `key_file` when given (flag or PK_SECRET_KEY_FILE),
-/// else from PK_SECRET_KEY.
-pub fn load(key_file: Option<&Path>) -> Result<Keypair, CliError> {
-    if let Some(path) = key_file {
-        let text = std::fs::read_to_string(path).map_err(|e| {
-            CliError::io(
-                format!("cannot read the secret key file {}", path.display()),
-                e,
-            )
-        })?;
-        return Keypair::from_secret_hex(&text).map_err(|source| CliError::BadKey {
-            origin: path.display().to_string(),
-            source,
-        });
-    }
-    match std::env::var(SECRET_KEY_ENV) {
-        Ok(text) if !text.trim().is_empty() => {
-            Keypair::from_secret_hex(&text).map_err(|source| CliError::BadKey {
-                origin: SECRET_KEY_ENV.to_owned(),
-                source,
-            })
+/// The configured key pair, or `None` when no key is configured.
+pub fn load(source: &KeySource) -> Result<Option<Keypair>, CliError> {
+    match source {
+        KeySource::File { path, .. } => {
+            let text = std::fs::read_to_string(path).map_err(|e| {
+                CliError::io(
+                    format!("cannot read the secret key file {}", path.display()),
+                    e,
+                )
+            })?;
+            Keypair::from_secret_hex(&text)
+                .map(Some)
+                .map_err(|source| CliError::BadKey {
+                    origin: path.display().to_string(),
+                    source,
+                })
         }
-        _ => Err(CliError::MissingKey),
+        KeySource::Environment(text) => {
+            Keypair::from_secret_hex(text)
+                .map(Some)
+                .map_err(|source| CliError::BadKey {
+                    origin: SECRET_KEY_ENV.to_owned(),
+                    source,
+                })
+        }
+        KeySource::None => Ok(None),
     }
 }
 
-/// `pk keygen [--out FILE] [--force]`.
-pub fn keygen(out: Option<&Path>, force: bool) -> Result<(), CliError> {
+/// `pk keygen [--out FILE | --print] [--force]`.
+pub fn keygen(
+    ctx: &Context,
+    out: Option<&Path>,
+    print_secret: bool,
+    force: bool,
+) -> Result<(), CliError> {
     let keypair = Keypair::random();
     let public = keypair.public_key().to_z32();
-    match out {
-        Some(path) => {
-            write_secret_file(path, &keypair, force)?;
-            println!("{public}");
+    if print_secret {
+        if ctx.json {
+            return print_json(&json!({"public_key": public, "secret_key": keypair.secret_hex()}));
         }
-        None => {
-            println!("{}", keypair.secret_hex());
-            eprintln!("public key: {public}");
-        }
+        print(&format!("{}\n", keypair.secret_hex()))?;
+        eprintln!("public key: {public}");
+        return Ok(());
     }
+    let path = match out {
+        Some(path) => path.to_owned(),
+        None => ctx.settings.keygen_path.clone().ok_or_else(|| {
+            CliError::Usage(
+                "no config folder to save the key in (HOME is not set): pass --out FILE or \
+                 --print"
+                    .into(),
+            )
+        })?,
+    };
+    if out.is_none()
+        && let Some(dir) = path.parent()
+    {
+        create_private_dir(dir)
+            .map_err(|e| CliError::io(format!("cannot create {}", dir.display()), e))?;
+    }
+    write_secret_file(&path, &keypair, force)?;
+    if ctx.json {
+        return print_json(&json!({"public_key": public, "key_file": path}));
+    }
+    print(&format!("{public}\n"))?;
+    eprintln!("secret key saved to {} (keep it private)", path.display());
     Ok(())
 }
 
 /// `pk pubkey`.
 pub fn pubkey(ctx: &Context) -> Result<(), CliError> {
-    println!("{}", ctx.keypair()?.public_key());
-    Ok(())
+    let public = ctx.keypair()?.public_key().to_z32();
+    if ctx.json {
+        return print_json(&json!({ "public_key": public }));
+    }
+    print(&format!("{public}\n"))
+}
+
+/// `pk config`: the effective settings and where each comes from. Never prints a
+/// secret.
+pub fn show_config(ctx: &Context) -> Result<(), CliError> {
+    let s = &ctx.settings;
+    let (key, key_origin) = match &s.key {
+        KeySource::File { path, origin } => (Some(path.display().to_string()), origin.as_str()),
+        KeySource::Environment(_) => (
+            Some(SECRET_KEY_ENV.to_owned()),
+            Origin::Environment.as_str(),
+        ),
+        KeySource::None => (None, "none"),
+    };
+    let public_key = load(&s.key).ok().flatten().map(|k| k.public_key().to_z32());
+    if ctx.json {
+        return print_json(&json!({
+            "config_file": s.config_file,
+            "config_file_exists": s.config_file_exists,
+            "profiles": s.profiles,
+            "profile": s.profile,
+            "profile_origin": s.profile_origin.as_str(),
+            "homeserver": s.homeserver,
+            "homeserver_origin": s.homeserver_origin.as_str(),
+            "key": key,
+            "key_origin": key_origin,
+            "public_key": public_key,
+            "keygen_path": s.keygen_path,
+        }));
+    }
+    let file = match &s.config_file {
+        Some(path) if s.config_file_exists => path.display().to_string(),
+        Some(path) => format!("{} (not there: defaults apply)", path.display()),
+        None => "none (set HOME or PK_CONFIG)".to_owned(),
+    };
+    let mut text = format!("config file  {file}\n");
+    if !s.profiles.is_empty() {
+        text.push_str(&format!("profiles     {}\n", s.profiles.join(", ")));
+    }
+    text.push_str(&format!(
+        "profile      {} ({})\nhomeserver   {} ({})\n",
+        s.profile,
+        s.profile_origin.as_str(),
+        s.homeserver,
+        s.homeserver_origin.as_str()
+    ));
+    match (&key, &public_key) {
+        (Some(key), Some(public)) => text.push_str(&format!(
+            "key          {key} ({key_origin})\npublic key   {public}\n"
+        )),
+        (Some(key), None) => {
+            text.push_str(&format!("key          {key} ({key_origin}, unreadable)\n"))
+        }
+        (None, _) => {
+            let hint = s
+                .keygen_path
+                .as_ref()
+                .map(|p| format!(": `pk keygen` saves one to {}", p.display()))
+                .unwrap_or_default();
+            text.push_str(&format!("key          none{hint}\n"));
+        }
+    }
+    print(&text)
+}
+
+/// Creates `dir` (and its parents) for keys; a folder `pk` creates is private (0700).
+fn create_private_dir(dir: &Path) -> std::io::Result<()> {
+    if dir.as_os_str().is_empty() || dir.is_dir() {
+        return Ok(());
+    }
+    let mut builder = std::fs::DirBuilder::new();
+    builder.recursive(true);
+    #[cfg(unix)]
+    {
+        use std::os::unix::fs::DirBuilderExt;
+        builder.mode(0o700);
+    }
+    builder.create(dir)
 }
 
 /// Writes the secret so that it is never readable by others, not even briefly: a
@@ -118,13 +229,20 @@ fn restrict_permissions(_file: &std::fs::File) -> std::io::Result<()> {
 mod tests {
     use super::*;
 
+    fn file(path: &Path) -> KeySource {
+        KeySource::File {
+            path: path.to_owned(),
+            origin: Origin::Flag,
+        }
+    }
+
     #[test]
     fn secret_file_round_trip_and_no_clobber() {
         let dir = tempfile::tempdir().unwrap();
         let path = dir.path().join("user.key");
         let kp = Keypair::from_seed(&[9; 32]);
         write_secret_file(&path, &kp, false).unwrap();
-        let loaded = load(Some(&path)).unwrap();
+        let loaded = load(&file(&path)).unwrap().unwrap();
         assert_eq!(loaded.public_key(), kp.public_key());
         #[cfg(unix)]
         {
@@ -138,9 +256,10 @@ mod tests {
             write_secret_file(&path, &other, false),
             Err(CliError::Exists { .. })
         ));
-        assert_eq!(load(Some(&path)).unwrap().public_key(), kp.public_key());
+        let public = |p: &Path| load(&file(p)).unwrap().unwrap().public_key();
+        assert_eq!(public(&path), kp.public_key());
         write_secret_file(&path, &other, true).unwrap();
-        assert_eq!(load(Some(&path)).unwrap().public_key(), other.public_key());
+        assert_eq!(public(&path), other.public_key());
         // No temporary files left behind.
         assert_eq!(std::fs::read_dir(dir.path()).unwrap().count(), 1);
     }
@@ -150,8 +269,26 @@ mod tests {
         let dir = tempfile::tempdir().unwrap();
         let path = dir.path().join("bad.key");
         std::fs::write(&path, "not hex").unwrap();
-        assert!(matches!(load(Some(&path)), Err(CliError::BadKey { .. })));
+        assert!(matches!(load(&file(&path)), Err(CliError::BadKey { .. })));
         let missing = dir.path().join("missing.key");
-        assert!(matches!(load(Some(&missing)), Err(CliError::Io { .. })));
+        assert!(matches!(load(&file(&missing)), Err(CliError::Io { .. })));
+        assert!(matches!(
+            load(&KeySource::Environment("zz".into())),
+            Err(CliError::BadKey { .. })
+        ));
+        assert!(matches!(load(&KeySource::None), Ok(None)));
+    }
+
+    #[cfg(unix)]
+    #[test]
+    fn key_folders_pk_creates_are_private() {
+        use std::os::unix::fs::PermissionsExt;
+        let dir = tempfile::tempdir().unwrap();
+        let keys = dir.path().join("pk").join("keys");
+        create_private_dir(&keys).unwrap();
+        let mode = std::fs::metadata(&keys).unwrap().permissions().mode();
+        assert_eq!(mode & 0o777, 0o700);
+        // An existing folder is left as it is.
+        create_private_dir(&keys).unwrap();
     }
 }

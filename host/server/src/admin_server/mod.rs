@@ -17,6 +17,7 @@ use subtle::ConstantTimeEq;
 
 use crate::app::AppContext;
 use crate::client_server::error::ApiError;
+use crate::service::admin::BackendHealth;
 
 type AdminState = Arc<AppContext>;
 
@@ -56,16 +57,19 @@ async fn require_password(State(app): State<AdminState>, request: Request, next:
         .and_then(|v| v.to_str().ok())
         .and_then(|v| v.strip_prefix("Bearer "))
         .unwrap_or("");
+    let given_text = given;
     let expected = Sha256::digest(app.config.admin.password.as_bytes());
     let given = Sha256::digest(given.as_bytes());
     if bool::from(expected.ct_eq(&given)) {
         next.run(request).await
     } else {
-        ApiError::new(
-            ErrorCode::InvalidSignature,
-            "admin API needs Authorization: Bearer <admin password>",
-        )
-        .into_response()
+        // The code is the contract's 401 code; the message says what is wrong.
+        let message = if given_text.is_empty() {
+            "the admin API needs the admin password: Authorization: Bearer <admin.password>"
+        } else {
+            "wrong admin password (Authorization: Bearer <admin.password>)"
+        };
+        ApiError::new(ErrorCode::InvalidSignature, message).into_response()
     }
 }
 
@@ -74,23 +78,28 @@ fn parse_key(text: &str) -> Result<PublicKey, ApiError> {
         .map_err(|e| ApiError::new(ErrorCode::BadRequest, format!("invalid public key: {e}")))
 }
 
-/// Answer to `GET /admin/stats`.
+/// Answer to `GET /admin/stats`. It answers even when a backing store is down (that is
+/// when an operator looks): `users` and `total_storage` are then null, and `backends`
+/// says which store is down and why.
 #[derive(Debug, Serialize, Deserialize)]
 pub struct Stats {
-    pub users: u64,
-    pub total_storage: u64,
+    pub users: Option<u64>,
+    pub total_storage: Option<u64>,
     pub requests_per_minute: u64,
     pub uptime_seconds: u64,
+    pub backends: BackendHealth,
 }
 
-async fn stats(State(app): State<AdminState>) -> Result<Json<Stats>, ApiError> {
-    let stats = app.admin.stats().await?;
-    Ok(Json(Stats {
-        users: stats.users,
-        total_storage: stats.total_storage,
+async fn stats(State(app): State<AdminState>) -> Json<Stats> {
+    let (stats, backends) = tokio::join!(app.admin.stats(), app.admin.backend_health());
+    let stats = stats.ok();
+    Json(Stats {
+        users: stats.map(|s| s.users),
+        total_storage: stats.map(|s| s.total_storage),
         requests_per_minute: app.metrics.requests_last_minute(),
         uptime_seconds: app.metrics.uptime().as_secs(),
-    }))
+        backends,
+    })
 }
 
 async fn user(
@@ -118,9 +127,17 @@ async fn enable(
 }
 
 /// Body of `PUT /admin/users/{key}/quota`: bytes, 0 = unlimited, null = the default.
+/// The field is required: an empty object must not reset a quota by accident.
 #[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
 struct QuotaRequest {
+    #[serde(deserialize_with = "required_nullable")]
     quota_bytes: Option<u64>,
+}
+
+/// A field that must be present but may be `null`.
+fn required_nullable<'de, D: serde::Deserializer<'de>>(d: D) -> Result<Option<u64>, D::Error> {
+    Option::<u64>::deserialize(d)
 }
 
 async fn set_quota(

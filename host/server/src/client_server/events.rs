@@ -5,9 +5,11 @@ use std::convert::Infallible;
 use std::time::Duration;
 
 use axum::Json;
+use axum::body::Body;
 use axum::extract::{Request, State};
-use axum::response::sse::{Event as SseEvent, KeepAlive, Sse};
+use axum::http::header;
 use axum::response::{IntoResponse, Response};
+use bytes::{Bytes, BytesMut};
 use futures_util::StreamExt;
 use homeserver_protocol::event::EventPage;
 use homeserver_protocol::{ErrorCode, PublicKey, StoragePath};
@@ -83,32 +85,48 @@ pub async fn stream(State(app): State<AppState>, request: Request) -> Response {
         Ok(b) => b,
         Err(e) => return ApiError::from(e).into_response(),
     };
-    let events = batches.flat_map(|batch| {
-        let items: Vec<Result<SseEvent, Infallible>> = match batch {
-            Ok(events) => events
-                .iter()
-                .map(|e| {
-                    let wire = to_wire(e);
-                    Ok(SseEvent::default()
-                        .event(wire.kind.as_str())
-                        .id(wire.cursor.to_string())
-                        .data(wire.sse_data()))
-                })
-                .collect(),
-            Err(e) => {
-                // Headers are sent: say what happened in a final event, then end.
-                tracing::warn!(error = %e, "event stream failed");
-                vec![Ok(SseEvent::default().event("error").data(
-                    "the event stream failed on the server; resume from the last id",
-                ))]
-            }
-        };
-        futures_util::stream::iter(items)
-    });
-    Sse::new(events)
-        .keep_alive(KeepAlive::new().interval(KEEP_ALIVE))
+    // One body chunk per batch (a subscriber that is behind gets what is ready in one
+    // write), made of frames the hub serialized once for every subscriber; a comment
+    // line when nothing was sent for a while keeps idle streams open through proxies.
+    let keep_alive = tokio::time::interval_at(tokio::time::Instant::now() + KEEP_ALIVE, KEEP_ALIVE);
+    let body = futures_util::stream::unfold(
+        (Box::pin(batches), keep_alive),
+        |(mut batches, mut keep_alive)| async move {
+            let chunk = tokio::select! {
+                batch = batches.next() => match batch? {
+                    Ok(events) => {
+                        let mut chunk =
+                            BytesMut::with_capacity(events.iter().map(|e| e.frame.len()).sum());
+                        for event in &events {
+                            chunk.extend_from_slice(&event.frame);
+                        }
+                        keep_alive.reset();
+                        chunk.freeze()
+                    }
+                    Err(e) => {
+                        // Headers are sent: say what happened in a final event, then end.
+                        tracing::warn!(error = %e, "event stream failed");
+                        Bytes::from_static(STREAM_FAILED)
+                    }
+                },
+                _ = keep_alive.tick() => Bytes::from_static(b":\n\n"),
+            };
+            Some((Ok::<_, Infallible>(chunk), (batches, keep_alive)))
+        },
+    );
+    (
+        [
+            (header::CONTENT_TYPE, "text/event-stream"),
+            (header::CACHE_CONTROL, "no-cache"),
+        ],
+        Body::from_stream(body),
+    )
         .into_response()
 }
+
+/// The last event of a stream that failed after its headers were sent.
+const STREAM_FAILED: &[u8] =
+    b"event: error\ndata: the event stream failed on the server; resume from the last id\n\n";
 
 fn parse_subscription(request: &Request) -> Result<Subscription, ApiError> {
     let mut subscription = parse_query(request)?;

@@ -1,6 +1,7 @@
 //! The client-facing HTTP API: the router and its routes. Routes speak HTTP and call
 //! services; [`error`] maps every service error to a status and JSON body.
 
+pub mod account;
 pub mod error;
 pub mod events;
 pub mod extract;
@@ -25,6 +26,7 @@ pub type AppState = Arc<AppContext>;
 pub fn router(app: AppState) -> Router {
     Router::new()
         .route("/signup", post(signup::handle))
+        .route("/account", get(account::show))
         .route(
             "/auth/session",
             post(session::create)

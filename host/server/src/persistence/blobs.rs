@@ -1,4 +1,5 @@
-//! Value bytes in object storage (object_store: the local filesystem by default).
+//! Value bytes in object storage (object_store): the local filesystem by default, or any
+//! S3-compatible store (AWS S3, MinIO, Garage, Ceph, ...) for several instances.
 //!
 //! Every PUT writes a new blob under a fresh key `<user>/<uuid v7>` and the metadata
 //! commit then points the entry at it; the replaced blob is deleted after the commit.
@@ -13,19 +14,27 @@ use std::time::{Duration, SystemTime};
 use bytes::Bytes;
 use futures_util::stream::BoxStream;
 use futures_util::{StreamExt, TryStreamExt};
+use object_store::aws::{AmazonS3, AmazonS3Builder};
 use object_store::buffered::BufWriter;
 use object_store::local::LocalFileSystem;
 use object_store::path::Path;
-use object_store::{ObjectStore, ObjectStoreExt};
+use object_store::prefix::PrefixStore;
+use object_store::{ClientOptions, GetResultPayload, ObjectStore, ObjectStoreExt, RetryConfig};
 use tokio::io::AsyncWriteExt;
+use tokio_util::io::ReaderStream;
 
+use super::BackendOptions;
 use super::metadata::MetadataStore;
-use super::url::BlobsUrl;
+use super::url::{BlobsUrl, S3Settings};
 
 /// Bytes buffered before a blob write turns into a multipart upload. Small values are
-/// written with one `put`; large ones stream through in chunks of this size, so memory
-/// per upload stays bounded whatever the value's size.
-const WRITE_BUFFER_BYTES: usize = 256 * 1024;
+/// written with one `put`; large ones stream through in parts of this size, so memory
+/// per upload stays bounded whatever the value's size. On S3 a part (but the last) must
+/// be at least 5 MiB.
+const LOCAL_WRITE_BUFFER_BYTES: usize = 256 * 1024;
+const S3_WRITE_BUFFER_BYTES: usize = 5 * 1024 * 1024;
+/// Bytes read from a local blob at a time when streaming it out.
+const LOCAL_READ_BYTES: usize = 256 * 1024;
 
 /// Values up to this size are kept in memory after a read. A blob's bytes never change
 /// under its key, so the cache can never serve stale bytes.
@@ -48,8 +57,12 @@ type BlobCache = quick_cache::sync::Cache<String, Bytes, BlobWeighter>;
 pub enum BlobError {
     #[error("blob not found: {0}")]
     NotFound(String),
+    /// The store did not answer, or failed to (connection refused, timeouts, server
+    /// errors after the retries, a full disk): the caller may retry later (503).
+    #[error("blob store unavailable: {0}")]
+    Unavailable(String),
     #[error("blob store: {0}")]
-    Store(#[from] object_store::Error),
+    Store(#[source] object_store::Error),
     #[error("blob store configuration: {0}")]
     Config(String),
 }
@@ -57,39 +70,97 @@ pub enum BlobError {
 fn map_err(e: object_store::Error) -> BlobError {
     match e {
         object_store::Error::NotFound { path, .. } => BlobError::NotFound(path),
+        // Transport and server-side failures (object_store's retries already ran).
+        e @ object_store::Error::Generic { .. } => BlobError::Unavailable(e.to_string()),
         other => BlobError::Store(other),
+    }
+}
+
+/// An I/O error from object_store's buffered writer, which wraps the store's own error.
+fn map_io_err(e: std::io::Error) -> BlobError {
+    match e
+        .into_inner()
+        .map(|inner| inner.downcast::<object_store::Error>())
+    {
+        Some(Ok(store_error)) => map_err(*store_error),
+        Some(Err(other)) => BlobError::Unavailable(other.to_string()),
+        None => BlobError::Unavailable("I/O error completing a blob write".into()),
     }
 }
 
 #[derive(Clone)]
 pub struct BlobStore {
     store: Arc<dyn ObjectStore>,
+    backend: &'static str,
     /// Set for the local filesystem backend: where its staging files may be left.
     local_root: Option<PathBuf>,
+    write_buffer: usize,
     small: Arc<BlobCache>,
 }
 
 impl BlobStore {
-    /// Opens the store named by `url` (`file://DIR`, created if missing).
-    pub fn open(url: &BlobsUrl) -> Result<Self, BlobError> {
-        let BlobsUrl::File(dir) = url;
-        std::fs::create_dir_all(dir)
-            .map_err(|e| BlobError::Config(format!("creating {}: {e}", dir.display())))?;
-        let root = std::fs::canonicalize(dir)
-            .map_err(|e| BlobError::Config(format!("opening {}: {e}", dir.display())))?;
-        // fsync: a blob is on disk before the entry that points at it commits.
-        let store = LocalFileSystem::new_with_prefix(&root)?
-            .with_automatic_cleanup(true)
-            .with_fsync(true);
+    /// Opens the store named by `url`: `file://DIR` (created if missing), or
+    /// `s3://BUCKET[/PREFIX]` reached with `s3`. Every request to a remote store ends
+    /// within `options.timeout` (connecting, or waiting for the next bytes), after a
+    /// few quick retries, so a store that is down answers 503 instead of hanging.
+    pub fn open(
+        url: &BlobsUrl,
+        s3: &S3Settings,
+        options: &BackendOptions,
+    ) -> Result<Self, BlobError> {
+        let (store, local_root, write_buffer): (Arc<dyn ObjectStore>, _, _) = match url {
+            BlobsUrl::File(dir) => {
+                std::fs::create_dir_all(dir)
+                    .map_err(|e| BlobError::Config(format!("creating {}: {e}", dir.display())))?;
+                let root = std::fs::canonicalize(dir)
+                    .map_err(|e| BlobError::Config(format!("opening {}: {e}", dir.display())))?;
+                // fsync: a blob is on disk before the entry that points at it commits.
+                let store = LocalFileSystem::new_with_prefix(&root)
+                    .map_err(map_err)?
+                    .with_automatic_cleanup(true)
+                    .with_fsync(true);
+                (Arc::new(store), Some(root), LOCAL_WRITE_BUFFER_BYTES)
+            }
+            BlobsUrl::S3 { bucket, prefix } => {
+                let store = open_s3(bucket, s3, options)?;
+                let store: Arc<dyn ObjectStore> = match prefix {
+                    Some(prefix) => Arc::new(PrefixStore::new(store, prefix.as_str())),
+                    None => Arc::new(store),
+                };
+                (store, None, S3_WRITE_BUFFER_BYTES)
+            }
+        };
         Ok(Self {
-            store: Arc::new(store),
-            local_root: Some(root),
+            store,
+            backend: url.backend(),
+            local_root,
+            write_buffer,
             small: Arc::new(BlobCache::with_weighter(
                 (BLOB_CACHE_BYTES / 1024) as usize,
                 BLOB_CACHE_BYTES,
                 BlobWeighter,
             )),
         })
+    }
+
+    /// The backend's name (`file`, `s3`), for logs and stats.
+    pub fn backend(&self) -> &'static str {
+        self.backend
+    }
+
+    /// Checks that the store answers (health and `/admin/stats`).
+    pub async fn ping(&self) -> Result<(), BlobError> {
+        if let Some(root) = &self.local_root {
+            return tokio::fs::metadata(root)
+                .await
+                .map(|_| ())
+                .map_err(|e| BlobError::Config(format!("{}: {e}", root.display())));
+        }
+        // Any answer, "not found" included, means the store is reachable.
+        match self.store.head(&Path::from("homeserver-ping")).await {
+            Ok(_) | Err(object_store::Error::NotFound { .. }) => Ok(()),
+            Err(e) => Err(map_err(e)),
+        }
     }
 
     /// A fresh key for a new value of `user`. UUID v7 keys sort by creation time.
@@ -102,7 +173,7 @@ impl BlobStore {
             inner: BufWriter::with_capacity(
                 Arc::clone(&self.store),
                 Path::from(key),
-                WRITE_BUFFER_BYTES,
+                self.write_buffer,
             ),
             finished: false,
         }
@@ -125,14 +196,56 @@ impl BlobStore {
             return Ok(futures_util::stream::once(async move { Ok(bytes) }).boxed());
         }
         let result = self.store.get(&Path::from(key)).await.map_err(map_err)?;
-        Ok(result.into_stream().map_err(map_err).boxed())
+        match result.payload {
+            // object_store streams a local file in 8 KiB reads, each a hop to the
+            // blocking pool; reads of LOCAL_READ_BYTES cost 32 times fewer hops.
+            GetResultPayload::File(file, _) => {
+                let file = tokio::fs::File::from_std(file);
+                Ok(ReaderStream::with_capacity(file, LOCAL_READ_BYTES)
+                    .map_err(|e| BlobError::Unavailable(format!("reading a blob: {e}")))
+                    .boxed())
+            }
+            GetResultPayload::Stream(stream) => Ok(stream.map_err(map_err).boxed()),
+        }
+    }
+
+    /// The size of the blob at `key`, or None when there is none.
+    pub async fn size_of(&self, key: &str) -> Result<Option<u64>, BlobError> {
+        match self.store.head(&Path::from(key)).await {
+            Ok(meta) => Ok(Some(meta.size)),
+            Err(object_store::Error::NotFound { .. }) => Ok(None),
+            Err(e) => Err(map_err(e)),
+        }
+    }
+
+    /// Every blob whose key starts with `prefix` (all when None), in no set order.
+    pub fn list(&self, prefix: Option<&str>) -> BoxStream<'static, Result<BlobMeta, BlobError>> {
+        let prefix = prefix.map(Path::from);
+        self.store
+            .list(prefix.as_ref())
+            .map(|meta| {
+                let meta = meta.map_err(map_err)?;
+                Ok(BlobMeta {
+                    key: meta.location.to_string(),
+                    size: meta.size,
+                    modified: meta.last_modified.timestamp(),
+                })
+            })
+            .boxed()
+    }
+
+    /// Writes a whole blob at once (tools and tests; the API streams with `writer`).
+    pub async fn put_bytes(&self, key: &str, bytes: Bytes) -> Result<(), BlobError> {
+        let mut writer = self.writer(key);
+        writer.write(bytes).await?;
+        writer.finish().await
     }
 
     pub async fn delete(&self, key: &str) -> Result<(), BlobError> {
         self.small.remove(key);
         match self.store.delete(&Path::from(key)).await {
             Ok(()) | Err(object_store::Error::NotFound { .. }) => Ok(()),
-            Err(e) => Err(e.into()),
+            Err(e) => Err(map_err(e)),
         }
     }
 
@@ -152,13 +265,13 @@ impl BlobStore {
                 .map_err(|e| BlobError::Config(e.to_string()))?;
         }
         let cutoff = chrono_cutoff(min_age);
-        let mut listing = self.store.list(None);
+        let mut listing = self.list(None);
         while let Some(meta) = listing.next().await {
             let meta = meta?;
-            if meta.last_modified.timestamp() > cutoff {
+            if meta.modified > cutoff {
                 continue;
             }
-            let key = meta.location.to_string();
+            let key = meta.key;
             match metadata.blob_referenced(&key).await {
                 Ok(true) => {}
                 Ok(false) => {
@@ -170,6 +283,51 @@ impl BlobStore {
         }
         Ok(removed)
     }
+}
+
+/// An S3 client: settings from `[s3]`, then the AWS environment variables. Public for
+/// conformance tests and tools that need the raw client.
+pub fn open_s3(
+    bucket: &str,
+    s3: &S3Settings,
+    options: &BackendOptions,
+) -> Result<AmazonS3, BlobError> {
+    let mut builder = AmazonS3Builder::from_env().with_bucket_name(bucket);
+    if !s3.endpoint.is_empty() {
+        builder = builder.with_endpoint(&s3.endpoint);
+    }
+    if !s3.region.is_empty() {
+        builder = builder.with_region(&s3.region);
+    }
+    if s3.path_style {
+        builder = builder.with_virtual_hosted_style_request(false);
+    }
+    if s3.allow_http {
+        builder = builder.with_allow_http(true);
+    }
+    if !s3.access_key_id.is_empty() {
+        builder = builder.with_access_key_id(&s3.access_key_id);
+    }
+    if !s3.secret_access_key.is_empty() {
+        builder = builder.with_secret_access_key(s3.secret_access_key.expose());
+    }
+    let client = ClientOptions::new()
+        .with_allow_http(s3.allow_http)
+        .with_connect_timeout(options.timeout)
+        // Between two reads, not for a whole body: a large value on a slow link is
+        // fine, a store that stopped answering is not.
+        .with_read_timeout(options.timeout)
+        .with_timeout_disabled();
+    let retry = RetryConfig {
+        max_retries: 3,
+        retry_timeout: options.timeout,
+        ..RetryConfig::default()
+    };
+    builder
+        .with_client_options(client)
+        .with_retry(retry)
+        .build()
+        .map_err(|e| BlobError::Config(format!("S3 bucket {bucket}: {e}")))
 }
 
 fn chrono_cutoff(min_age: Duration) -> i64 {
@@ -212,6 +370,15 @@ fn remove_staging_files(dir: &FsPath, min_age: Duration) -> u64 {
     removed
 }
 
+/// A stored blob, as listed.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct BlobMeta {
+    pub key: String,
+    pub size: u64,
+    /// Last modified, Unix seconds.
+    pub modified: i64,
+}
+
 /// Writes one blob. Call [`BlobWriter::finish`] to make it visible, or
 /// [`BlobWriter::abort`] to drop it; a writer dropped without either leaves at most a
 /// staging file that [`BlobStore::sweep`] removes.
@@ -228,10 +395,7 @@ impl BlobWriter {
     /// Completes the blob: after this returns it is durable and readable under its key.
     pub async fn finish(mut self) -> Result<(), BlobError> {
         self.finished = true;
-        self.inner
-            .shutdown()
-            .await
-            .map_err(|e| BlobError::Config(format!("completing blob write: {e}")))
+        self.inner.shutdown().await.map_err(map_io_err)
     }
 
     pub async fn abort(mut self) {

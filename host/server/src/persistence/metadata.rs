@@ -27,8 +27,13 @@
 //!   reached or is overloaded (the caller may retry: 503); anything else is
 //!   [`StoreError::Internal`] (500).
 
+use std::any::Any;
+use std::sync::Arc;
+
 use async_trait::async_trait;
+use futures_util::future::BoxFuture;
 use homeserver_protocol::event::EventKind;
+use tokio::sync::Notify;
 
 use super::rules;
 
@@ -151,6 +156,8 @@ pub struct EventRecord {
     pub path: String,
     pub kind: EventKind,
     pub content_hash: Option<[u8; 32]>,
+    /// Unix seconds of the commit.
+    pub created_at: i64,
 }
 
 /// An event to append; the store assigns its cursor.
@@ -217,6 +224,15 @@ pub struct SignupTokenRecord {
     pub used: bool,
 }
 
+/// A signup token row, whole (for copying a deployment).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct SignupTokenRow {
+    pub token: String,
+    pub created_at: i64,
+    pub used_by: Option<String>,
+    pub used_at: Option<i64>,
+}
+
 /// Server-wide counts.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct StoreStats {
@@ -232,6 +248,67 @@ pub enum StoreError {
     /// Anything else (a 500 for the caller; the cause is logged, not sent).
     #[error("metadata store error: {0}")]
     Internal(String),
+}
+
+/// What a [`Procedure`] answers, type-erased (each procedure's own outcome type).
+pub type ProcedureOutput = Box<dyn Any + Send>;
+
+/// The function of a [`Procedure`]: runs its steps in the transaction it is given.
+pub type ProcedureFn = dyn for<'t> Fn(&'t mut dyn WriteTx) -> BoxFuture<'t, Result<ProcedureOutput, StoreError>>
+    + Send
+    + Sync;
+
+/// One rule-bearing write (a procedure of [`super::rules`] with its inputs), ready to run
+/// in a transaction: what [`MetadataWrites`] hands to [`MetadataStore::run_procedure`].
+/// A store may run several in one transaction (group commit), since a procedure never
+/// needs a rollback; it may also run one again alone (after its batch failed), so a
+/// procedure owns its inputs and can run more than once.
+#[derive(Clone)]
+pub struct Procedure {
+    /// The user whose row it locks (empty: none). A batch runs its procedures ordered by
+    /// this key (arrival order within a key), so concurrent batches take row locks in
+    /// one order and cannot deadlock.
+    pub lock_key: String,
+    pub run: Arc<ProcedureFn>,
+}
+
+impl Procedure {
+    /// A procedure answering `T`.
+    pub fn new<T, F>(lock_key: impl Into<String>, run: F) -> Self
+    where
+        T: Send + 'static,
+        F: for<'t> Fn(&'t mut dyn WriteTx) -> BoxFuture<'t, Result<T, StoreError>>
+            + Send
+            + Sync
+            + 'static,
+    {
+        Self {
+            lock_key: lock_key.into(),
+            run: Arc::new(move |tx| {
+                let future = run(tx);
+                Box::pin(async move { future.await.map(|o| Box::new(o) as ProcedureOutput) })
+            }),
+        }
+    }
+}
+
+impl std::fmt::Debug for Procedure {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Procedure")
+            .field("lock_key", &self.lock_key)
+            .finish_non_exhaustive()
+    }
+}
+
+/// Runs `procedure` in a transaction of its own.
+pub async fn run_alone(
+    store: &(impl MetadataStore + ?Sized),
+    procedure: &Procedure,
+) -> Result<ProcedureOutput, StoreError> {
+    let mut tx = store.begin_write().await?;
+    let output = (procedure.run)(tx.as_mut()).await?;
+    tx.commit().await?;
+    Ok(output)
 }
 
 /// One write transaction: the primitive steps the procedures in [`super::rules`] are
@@ -289,6 +366,9 @@ pub trait WriteTx: Send {
 
     async fn insert_session(&mut self, session: &SessionRecord) -> Result<(), StoreError>;
 
+    /// The sum of the sizes of a user's entries (what `used_bytes` must equal).
+    async fn sum_entry_sizes(&mut self, user: &str) -> Result<u64, StoreError>;
+
     /// Appends events in the given order, assigning cursors in commit order. Call it as
     /// the transaction's last step: a backend shared by several instances serializes
     /// cursor assignment from here until commit.
@@ -304,8 +384,32 @@ pub trait MetadataStore: Send + Sync + 'static {
     /// The backend's name (`sqlite`, `postgres`), for logs and stats.
     fn backend(&self) -> &'static str;
 
+    /// Whether several server instances may share this store. Then a process must not
+    /// trust what it cached from the store (another instance may have changed it since).
+    fn shared(&self) -> bool {
+        false
+    }
+
+    /// Woken when another instance may have committed events (PostgreSQL NOTIFY), so the
+    /// event tailer need not poll; None when this process is the only writer (its own
+    /// commits are announced in-process).
+    fn remote_commits(&self) -> Option<Arc<Notify>> {
+        None
+    }
+
+    /// Checks that the store answers (health and `/admin/stats`).
+    async fn ping(&self) -> Result<(), StoreError>;
+
     /// Starts a write transaction.
     async fn begin_write(&self) -> Result<Box<dyn WriteTx>, StoreError>;
+
+    /// Runs a rule-bearing write and commits it. By default in a transaction of its
+    /// own; a store may batch concurrent procedures into one transaction (group commit,
+    /// [`super::group_commit`]) as long as each caller gets its own procedure's outcome
+    /// and nothing it answered is lost.
+    async fn run_procedure(&self, procedure: Procedure) -> Result<ProcedureOutput, StoreError> {
+        run_alone(self, &procedure).await
+    }
 
     /// Closes connections, letting statements in flight finish (graceful shutdown).
     async fn close(&self) {}
@@ -358,6 +462,43 @@ pub trait MetadataStore: Send + Sync + 'static {
 
     /// Sets a user's quota override (None = the configured default); false when unknown.
     async fn set_user_quota(&self, user: &str, quota: Option<u64>) -> Result<bool, StoreError>;
+
+    /// Users whose key sorts after `after` (bytewise), in key order, at most `limit`:
+    /// a walk over every user (export, fsck, moving between backends).
+    async fn users_after(&self, after: &str, limit: u32) -> Result<Vec<UserRecord>, StoreError>;
+
+    /// Signup tokens after `after`, in token order, at most `limit`.
+    async fn signup_tokens_after(
+        &self,
+        after: &str,
+        limit: u32,
+    ) -> Result<Vec<SignupTokenRow>, StoreError>;
+
+    /// Sessions whose token hash sorts after `after`, in that order, at most `limit`.
+    async fn sessions_after(
+        &self,
+        after: &[u8; 32],
+        limit: u32,
+    ) -> Result<Vec<SessionRecord>, StoreError>;
+
+    // Copying a deployment to another backend (`homeserver migrate`): rows are written
+    // as they are, no rule runs (each was applied when the row was first written), and
+    // every copy is an upsert, so an interrupted copy can simply run again.
+
+    /// Inserts or replaces users, every field included.
+    async fn copy_users(&self, users: &[UserRecord]) -> Result<(), StoreError>;
+
+    /// Inserts or replaces entries of `user` (the user must exist).
+    async fn copy_entries(&self, user: &str, entries: &[EntryRecord]) -> Result<(), StoreError>;
+
+    /// Inserts events with their cursors (those already there are left as they are);
+    /// later appends continue above the largest cursor.
+    async fn copy_events(&self, events: &[EventRecord]) -> Result<(), StoreError>;
+
+    async fn copy_signup_tokens(&self, tokens: &[SignupTokenRow]) -> Result<(), StoreError>;
+
+    /// Inserts sessions (their users must exist); those already there are left.
+    async fn copy_sessions(&self, sessions: &[SessionRecord]) -> Result<(), StoreError>;
 }
 
 /// The rule-bearing writes, the same for every backend: each runs one procedure of
@@ -407,6 +548,20 @@ pub trait MetadataWrites {
     /// Returns the blob keys to delete, or None when the user is unknown.
     async fn delete_account(&self, user: &str, now: i64)
     -> Result<Option<Vec<String>>, StoreError>;
+
+    /// Repair (fsck): removes the entry at `path` if it still points at `blob_key`, with
+    /// its usage and a DEL event. False when it changed or went meanwhile.
+    async fn remove_entry_if_blob(
+        &self,
+        user: &str,
+        path: &str,
+        blob_key: &str,
+        now: i64,
+    ) -> Result<bool, StoreError>;
+
+    /// Repair (fsck): sets a user's usage to the sum of their entries' sizes; returns
+    /// (before, after), or None when the user is unknown.
+    async fn recompute_usage(&self, user: &str) -> Result<Option<(u64, u64)>, StoreError>;
 }
 
 /// Runs `procedure` in a fresh transaction and commits it.
@@ -419,6 +574,60 @@ macro_rules! in_transaction {
     }};
 }
 
+/// Runs a procedure through the store (which may batch it) and takes its outcome back.
+async fn through<S, T>(store: &S, procedure: Procedure) -> Result<T, StoreError>
+where
+    S: MetadataStore + ?Sized,
+    T: 'static,
+{
+    let output = store.run_procedure(procedure).await?;
+    output
+        .downcast::<T>()
+        .map(|o| *o)
+        .map_err(|_| StoreError::Internal("a write procedure answered the wrong type".into()))
+}
+
+/// A [`NewEntry`] that owns its text (a [`Procedure`] keeps its inputs).
+#[derive(Debug, Clone)]
+struct OwnedNewEntry {
+    user: String,
+    path: String,
+    blob_key: String,
+    size: u64,
+    content_hash: [u8; 32],
+    now: i64,
+    default_quota: u64,
+}
+
+impl OwnedNewEntry {
+    fn of(e: &NewEntry<'_>) -> Self {
+        Self {
+            user: e.user.to_owned(),
+            path: e.path.to_owned(),
+            blob_key: e.blob_key.to_owned(),
+            size: e.size,
+            content_hash: e.content_hash,
+            now: e.now,
+            default_quota: e.default_quota,
+        }
+    }
+
+    fn borrowed(&self) -> NewEntry<'_> {
+        NewEntry {
+            user: &self.user,
+            path: &self.path,
+            blob_key: &self.blob_key,
+            size: self.size,
+            content_hash: self.content_hash,
+            now: self.now,
+            default_quota: self.default_quota,
+        }
+    }
+}
+
+// The frequent writes (signup, PUT, DELETE, sessions, replay marks) go through
+// `run_procedure`, so a store can commit many of them together; the rare, long ones
+// (account deletion, repairs) keep a transaction of their own.
 #[async_trait]
 impl<S: MetadataStore + ?Sized> MetadataWrites for S {
     async fn sign_up(
@@ -428,13 +637,17 @@ impl<S: MetadataStore + ?Sized> MetadataWrites for S {
         now: i64,
         replay: ReplayMark,
     ) -> Result<SignupOutcome, StoreError> {
-        in_transaction!(self, |tx| rules::sign_up(
-            tx.as_mut(),
-            public_key,
-            token,
-            now,
-            replay
-        ))
+        let (key, token) = (public_key.to_owned(), token.map(str::to_owned));
+        through(
+            self,
+            Procedure::new(public_key, move |tx| {
+                let (key, token) = (key.clone(), token.clone());
+                Box::pin(
+                    async move { rules::sign_up(tx, &key, token.as_deref(), now, replay).await },
+                )
+            }),
+        )
+        .await
     }
 
     async fn commit_put(
@@ -442,7 +655,15 @@ impl<S: MetadataStore + ?Sized> MetadataWrites for S {
         entry: NewEntry<'_>,
         replay: Option<ReplayMark>,
     ) -> Result<PutOutcome, StoreError> {
-        in_transaction!(self, |tx| rules::put(tx.as_mut(), &entry, replay))
+        let entry = OwnedNewEntry::of(&entry);
+        through(
+            self,
+            Procedure::new(entry.user.clone(), move |tx| {
+                let entry = entry.clone();
+                Box::pin(async move { rules::put(tx, &entry.borrowed(), replay).await })
+            }),
+        )
+        .await
     }
 
     async fn commit_delete(
@@ -452,13 +673,15 @@ impl<S: MetadataStore + ?Sized> MetadataWrites for S {
         now: i64,
         replay: Option<ReplayMark>,
     ) -> Result<DeleteOutcome, StoreError> {
-        in_transaction!(self, |tx| rules::delete(
-            tx.as_mut(),
-            user,
-            path,
-            now,
-            replay
-        ))
+        let (owner, path) = (user.to_owned(), path.to_owned());
+        through(
+            self,
+            Procedure::new(user, move |tx| {
+                let (owner, path) = (owner.clone(), path.clone());
+                Box::pin(async move { rules::delete(tx, &owner, &path, now, replay).await })
+            }),
+        )
+        .await
     }
 
     async fn create_session(
@@ -466,15 +689,25 @@ impl<S: MetadataStore + ?Sized> MetadataWrites for S {
         session: &SessionRecord,
         replay: ReplayMark,
     ) -> Result<CreateSessionOutcome, StoreError> {
-        in_transaction!(self, |tx| rules::create_session(
-            tx.as_mut(),
-            session,
-            replay
-        ))
+        let session = session.clone();
+        through(
+            self,
+            Procedure::new(session.user.clone(), move |tx| {
+                let session = session.clone();
+                Box::pin(async move { rules::create_session(tx, &session, replay).await })
+            }),
+        )
+        .await
     }
 
     async fn mark_signature(&self, mark: ReplayMark) -> Result<bool, StoreError> {
-        in_transaction!(self, |tx| tx.insert_replay_mark(mark))
+        through(
+            self,
+            Procedure::new("", move |tx| {
+                Box::pin(async move { tx.insert_replay_mark(mark).await })
+            }),
+        )
+        .await
     }
 
     async fn delete_account(
@@ -483,5 +716,25 @@ impl<S: MetadataStore + ?Sized> MetadataWrites for S {
         now: i64,
     ) -> Result<Option<Vec<String>>, StoreError> {
         in_transaction!(self, |tx| rules::delete_account(tx.as_mut(), user, now))
+    }
+
+    async fn remove_entry_if_blob(
+        &self,
+        user: &str,
+        path: &str,
+        blob_key: &str,
+        now: i64,
+    ) -> Result<bool, StoreError> {
+        in_transaction!(self, |tx| rules::remove_entry_if_blob(
+            tx.as_mut(),
+            user,
+            path,
+            blob_key,
+            now
+        ))
+    }
+
+    async fn recompute_usage(&self, user: &str) -> Result<Option<(u64, u64)>, StoreError> {
+        in_transaction!(self, |tx| rules::recompute_usage(tx.as_mut(), user))
     }
 }

@@ -4,33 +4,76 @@
 //!   the records it trades in and the contracts every backend keeps.
 //! - [`rules`]: the rules of every write (quota, replay marks, events), written once
 //!   above the backends.
-//! - [`sqlite`]: the embedded SQLite backend.
+//! - [`sqlite`]: the embedded SQLite backend; [`postgres`]: the shared one.
+//! - [`front`]: what callers talk to: a deadline on every metadata operation and
+//!   [`group_commit`] of concurrent writes, whatever the backend.
 //! - [`blobs`]: value bytes in object storage (local filesystem by default).
 //! - [`url`]: the typed storage URLs of the configuration, secrets redacted.
+//! - [`local_lock`]: one process per local database and blob folder.
 //!
 //! Routes, services and the app never name a backend: they open stores through
 //! [`open_metadata`] and [`BlobStore::open`] from the URLs in the configuration.
 
 pub mod blobs;
+pub mod front;
+pub mod group_commit;
+pub mod local_lock;
 pub mod metadata;
+pub mod postgres;
 pub mod rules;
 pub mod sqlite;
 pub mod url;
 
 use std::sync::Arc;
+use std::time::Duration;
 
-pub use blobs::{BlobError, BlobStore, BlobWriter};
+pub use blobs::{BlobError, BlobMeta, BlobStore, BlobWriter};
+pub use local_lock::{LocalStorageLock, LockError, lock_local_storage};
 pub use metadata::{MetadataStore, MetadataWrites, StoreError};
-pub use url::{BlobsUrl, DatabaseUrl};
+pub use url::{BlobsUrl, DatabaseUrl, S3Settings, Secret};
 
-/// Opens (creating and migrating as needed) the metadata database `url` names.
-pub async fn open_metadata(url: &DatabaseUrl) -> Result<Arc<dyn MetadataStore>, StoreError> {
-    match url {
-        DatabaseUrl::Sqlite(_) => Ok(Arc::new(
-            sqlite::SqliteStore::open(url.expose_secret()).await?,
-        )),
-        DatabaseUrl::Postgres(_) => Err(StoreError::Internal(format!(
-            "{url}: PostgreSQL is not supported by this build"
-        ))),
+/// How to reach a backend: the same settings for every one.
+#[derive(Debug, Clone, Copy)]
+pub struct BackendOptions {
+    /// Connections a server keeps to a shared database (PostgreSQL).
+    pub max_connections: u32,
+    /// Every store operation ends within this (503 past it): see [`front`].
+    pub timeout: Duration,
+    /// Commit concurrent writes together ([`group_commit`]).
+    pub group_commit: bool,
+}
+
+impl Default for BackendOptions {
+    fn default() -> Self {
+        Self {
+            max_connections: 16,
+            timeout: Duration::from_secs(5),
+            group_commit: true,
+        }
     }
+}
+
+/// Opens (creating and migrating as needed) the metadata database `url` names, with a
+/// deadline on every operation.
+pub async fn open_metadata(
+    url: &DatabaseUrl,
+    options: &BackendOptions,
+) -> Result<Arc<dyn MetadataStore>, StoreError> {
+    let store: Arc<dyn MetadataStore> = match url {
+        DatabaseUrl::Sqlite(_) => Arc::new(sqlite::SqliteStore::open(url.expose_secret()).await?),
+        DatabaseUrl::Postgres(_) => Arc::new(
+            postgres::PostgresStore::open(url.expose_secret(), options)
+                .await
+                .map_err(|e| match e {
+                    // Say which database could not be reached (the URL without secrets).
+                    StoreError::Unavailable(m) => StoreError::Unavailable(format!("{url}: {m}")),
+                    other => other,
+                })?,
+        ),
+    };
+    Ok(Arc::new(front::StoreFront::new(
+        store,
+        options.timeout,
+        options.group_commit,
+    )))
 }

@@ -210,6 +210,53 @@ pub async fn delete_account(
     Ok(Some(removed.into_iter().map(|e| e.blob_key).collect()))
 }
 
+/// Removes an entry whose blob is lost (fsck --repair), if it still points at that
+/// blob, as a DELETE would: usage and a DEL event.
+pub async fn remove_entry_if_blob(
+    tx: &mut dyn WriteTx,
+    user: &str,
+    path: &str,
+    blob_key: &str,
+    now: i64,
+) -> Result<bool, StoreError> {
+    let Some(owner) = tx.lock_user(user).await? else {
+        return Ok(false);
+    };
+    match tx.entry(user, path).await? {
+        Some(entry) if entry.blob_key == blob_key => {}
+        _ => return Ok(false),
+    }
+    let Some(old) = tx.remove_entry(user, path).await? else {
+        return Ok(false);
+    };
+    tx.set_usage(user, owner.used_bytes.saturating_sub(old.size), now)
+        .await?;
+    tx.append_events(&[NewEvent {
+        user,
+        path,
+        kind: EventKind::Del,
+        content_hash: None,
+        created_at: now,
+    }])
+    .await?;
+    Ok(true)
+}
+
+/// Sets a user's usage to the sum of their entries (fsck --repair).
+pub async fn recompute_usage(
+    tx: &mut dyn WriteTx,
+    user: &str,
+) -> Result<Option<(u64, u64)>, StoreError> {
+    let Some(owner) = tx.lock_user(user).await? else {
+        return Ok(None);
+    };
+    let sum = tx.sum_entry_sizes(user).await?;
+    if sum != owner.used_bytes {
+        tx.set_usage(user, sum, owner.last_activity).await?;
+    }
+    Ok(Some((owner.used_bytes, sum)))
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

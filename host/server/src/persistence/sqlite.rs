@@ -21,8 +21,8 @@ use homeserver_protocol::event::EventKind;
 
 use super::metadata::{
     EntryRange, EntryRecord, EventQuery, EventRecord, MetadataStore, NewEvent, ReplayMark,
-    ReverseEventQuery, SessionRecord, SignupTokenRecord, StoreError, StoreStats, TokenRedemption,
-    UserCursor, UserRecord, WriteContext, WriteTx,
+    ReverseEventQuery, SessionRecord, SignupTokenRecord, SignupTokenRow, StoreError, StoreStats,
+    TokenRedemption, UserCursor, UserRecord, WriteContext, WriteTx,
 };
 
 static MIGRATOR: sqlx::migrate::Migrator = sqlx::migrate!("./migrations/sqlite");
@@ -72,6 +72,18 @@ impl SqliteStore {
             .map_err(map_err)?;
         Ok(Self { writer, reader })
     }
+}
+
+/// The database file a `sqlite://` URL names (None for other backends and for
+/// in-memory databases).
+pub fn database_file(url: &super::DatabaseUrl) -> Option<std::path::PathBuf> {
+    let super::DatabaseUrl::Sqlite(text) = url else {
+        return None;
+    };
+    let options = SqliteConnectOptions::from_str(text).ok()?;
+    let file = options.get_filename();
+    (!file.as_os_str().is_empty() && file != std::path::Path::new(":memory:"))
+        .then(|| file.to_owned())
 }
 
 fn map_err(e: sqlx::Error) -> StoreError {
@@ -135,6 +147,7 @@ fn event_from_row(row: &SqliteRow) -> Result<EventRecord, sqlx::Error> {
             .try_get::<Option<Vec<u8>>, _>("content_hash")?
             .map(hash32)
             .transpose()?,
+        created_at: row.try_get("created_at")?,
     })
 }
 
@@ -151,7 +164,7 @@ fn rows<T>(
 const USER_COLUMNS: &str =
     "public_key, created_at, used_bytes, quota_bytes, disabled, last_activity";
 const ENTRY_COLUMNS: &str = "path, blob_key, size, content_hash, created_at, updated_at";
-const EVENT_COLUMNS: &str = "cursor, owner, path, kind, content_hash";
+const EVENT_COLUMNS: &str = "cursor, owner, path, kind, content_hash, created_at";
 
 /// Appends `AND ((owner = ? AND cursor <op> ?) OR ...)` and the path-prefix range.
 /// A per-user cursor of 0 means no bound.
@@ -385,6 +398,17 @@ impl WriteTx for SqliteWriteTx {
         Ok(())
     }
 
+    async fn sum_entry_sizes(&mut self, user: &str) -> Result<u64, StoreError> {
+        let sum: i64 = sqlx::query_scalar(
+            "SELECT CAST(COALESCE(SUM(size), 0) AS BIGINT) FROM entries WHERE owner = ?",
+        )
+        .bind(user)
+        .fetch_one(&mut *self.0)
+        .await
+        .map_err(map_err)?;
+        Ok(to_u64(sum))
+    }
+
     async fn append_events(&mut self, events: &[NewEvent<'_>]) -> Result<(), StoreError> {
         // SQLite allows 32766 bound values a statement; 5 an event.
         for chunk in events.chunks(1000) {
@@ -412,6 +436,14 @@ impl WriteTx for SqliteWriteTx {
 impl MetadataStore for SqliteStore {
     fn backend(&self) -> &'static str {
         "sqlite"
+    }
+
+    async fn ping(&self) -> Result<(), StoreError> {
+        sqlx::query("SELECT 1")
+            .execute(&self.reader)
+            .await
+            .map_err(map_err)?;
+        Ok(())
     }
 
     async fn begin_write(&self) -> Result<Box<dyn WriteTx>, StoreError> {
@@ -652,5 +684,186 @@ impl MetadataStore for SqliteStore {
             .await
             .map_err(map_err)?;
         Ok(done.rows_affected() == 1)
+    }
+
+    async fn users_after(&self, after: &str, limit: u32) -> Result<Vec<UserRecord>, StoreError> {
+        let found = sqlx::query(&format!(
+            "SELECT {USER_COLUMNS} FROM users WHERE public_key > ? ORDER BY public_key LIMIT ?"
+        ))
+        .bind(after)
+        .bind(i64::from(limit))
+        .fetch_all(&self.reader)
+        .await
+        .map_err(map_err)?;
+        rows(&found, user_from_row)
+    }
+
+    async fn signup_tokens_after(
+        &self,
+        after: &str,
+        limit: u32,
+    ) -> Result<Vec<SignupTokenRow>, StoreError> {
+        let found = sqlx::query(
+            "SELECT token, created_at, used_by, used_at FROM signup_tokens \
+             WHERE token > ? ORDER BY token LIMIT ?",
+        )
+        .bind(after)
+        .bind(i64::from(limit))
+        .fetch_all(&self.reader)
+        .await
+        .map_err(map_err)?;
+        found
+            .iter()
+            .map(|row| {
+                Ok(SignupTokenRow {
+                    token: row.try_get("token")?,
+                    created_at: row.try_get("created_at")?,
+                    used_by: row.try_get("used_by")?,
+                    used_at: row.try_get("used_at")?,
+                })
+            })
+            .collect::<Result<_, sqlx::Error>>()
+            .map_err(map_err)
+    }
+
+    async fn sessions_after(
+        &self,
+        after: &[u8; 32],
+        limit: u32,
+    ) -> Result<Vec<SessionRecord>, StoreError> {
+        let found = sqlx::query(
+            "SELECT token_hash, owner, capabilities, created_at, expires_at FROM sessions \
+             WHERE token_hash > ? ORDER BY token_hash LIMIT ?",
+        )
+        .bind(&after[..])
+        .bind(i64::from(limit))
+        .fetch_all(&self.reader)
+        .await
+        .map_err(map_err)?;
+        found
+            .iter()
+            .map(|row| {
+                let capabilities: String = row.try_get("capabilities").map_err(map_err)?;
+                Ok(SessionRecord {
+                    token_hash: hash32(row.try_get("token_hash").map_err(map_err)?)
+                        .map_err(map_err)?,
+                    user: row.try_get("owner").map_err(map_err)?,
+                    capabilities: serde_json::from_str(&capabilities)
+                        .map_err(|e| StoreError::Internal(format!("session capabilities: {e}")))?,
+                    created_at: row.try_get("created_at").map_err(map_err)?,
+                    expires_at: row.try_get("expires_at").map_err(map_err)?,
+                })
+            })
+            .collect()
+    }
+
+    async fn copy_users(&self, users: &[UserRecord]) -> Result<(), StoreError> {
+        for chunk in users.chunks(1000) {
+            let mut sql =
+                sqlx::QueryBuilder::<Sqlite>::new(format!("INSERT INTO users ({USER_COLUMNS}) "));
+            sql.push_values(chunk, |mut row, u| {
+                row.push_bind(&u.public_key)
+                    .push_bind(u.created_at)
+                    .push_bind(to_i64(u.used_bytes))
+                    .push_bind(u.quota_bytes.map(to_i64))
+                    .push_bind(i64::from(u.disabled))
+                    .push_bind(u.last_activity);
+            });
+            sql.push(
+                " ON CONFLICT (public_key) DO UPDATE SET created_at = excluded.created_at, \
+                 used_bytes = excluded.used_bytes, quota_bytes = excluded.quota_bytes, \
+                 disabled = excluded.disabled, last_activity = excluded.last_activity",
+            );
+            sql.build().execute(&self.writer).await.map_err(map_err)?;
+        }
+        Ok(())
+    }
+
+    async fn copy_entries(&self, user: &str, entries: &[EntryRecord]) -> Result<(), StoreError> {
+        for chunk in entries.chunks(1000) {
+            let mut sql = sqlx::QueryBuilder::<Sqlite>::new(format!(
+                "INSERT INTO entries (owner, {ENTRY_COLUMNS}) "
+            ));
+            sql.push_values(chunk, |mut row, e| {
+                row.push_bind(user)
+                    .push_bind(&e.path)
+                    .push_bind(&e.blob_key)
+                    .push_bind(to_i64(e.size))
+                    .push_bind(e.content_hash.to_vec())
+                    .push_bind(e.created_at)
+                    .push_bind(e.updated_at);
+            });
+            sql.push(
+                " ON CONFLICT (owner, path) DO UPDATE SET blob_key = excluded.blob_key, \
+                 size = excluded.size, content_hash = excluded.content_hash, \
+                 created_at = excluded.created_at, updated_at = excluded.updated_at",
+            );
+            sql.build().execute(&self.writer).await.map_err(map_err)?;
+        }
+        Ok(())
+    }
+
+    async fn copy_events(&self, events: &[EventRecord]) -> Result<(), StoreError> {
+        // An explicit cursor also moves AUTOINCREMENT's counter past it.
+        for chunk in events.chunks(1000) {
+            let mut sql = sqlx::QueryBuilder::<Sqlite>::new(
+                "INSERT INTO events (cursor, owner, path, kind, content_hash, created_at) ",
+            );
+            sql.push_values(chunk, |mut row, e| {
+                row.push_bind(to_i64(e.cursor))
+                    .push_bind(&e.user)
+                    .push_bind(&e.path)
+                    .push_bind(e.kind.as_str())
+                    .push_bind(e.content_hash.map(|h| h.to_vec()))
+                    .push_bind(e.created_at);
+            });
+            sql.push(" ON CONFLICT (cursor) DO NOTHING");
+            sql.build().execute(&self.writer).await.map_err(map_err)?;
+        }
+        Ok(())
+    }
+
+    async fn copy_signup_tokens(&self, tokens: &[SignupTokenRow]) -> Result<(), StoreError> {
+        for chunk in tokens.chunks(1000) {
+            let mut sql = sqlx::QueryBuilder::<Sqlite>::new(
+                "INSERT INTO signup_tokens (token, created_at, used_by, used_at) ",
+            );
+            sql.push_values(chunk, |mut row, t| {
+                row.push_bind(&t.token)
+                    .push_bind(t.created_at)
+                    .push_bind(&t.used_by)
+                    .push_bind(t.used_at);
+            });
+            sql.push(
+                " ON CONFLICT (token) DO UPDATE SET used_by = excluded.used_by, \
+                 used_at = excluded.used_at",
+            );
+            sql.build().execute(&self.writer).await.map_err(map_err)?;
+        }
+        Ok(())
+    }
+
+    async fn copy_sessions(&self, sessions: &[SessionRecord]) -> Result<(), StoreError> {
+        for chunk in sessions.chunks(1000) {
+            let mut rows = Vec::with_capacity(chunk.len());
+            for s in chunk {
+                let capabilities = serde_json::to_string(&s.capabilities)
+                    .map_err(|e| StoreError::Internal(e.to_string()))?;
+                rows.push((s, capabilities));
+            }
+            let mut sql = sqlx::QueryBuilder::<Sqlite>::new(
+                "INSERT INTO sessions (token_hash, owner, capabilities, created_at, expires_at) ",
+            );
+            sql.push_values(rows, |mut row, (s, capabilities)| {
+                row.push_bind(s.token_hash.to_vec())
+                    .push_bind(&s.user)
+                    .push_bind(capabilities)
+                    .push_bind(s.created_at)
+                    .push_bind(s.expires_at);
+            });
+            sql.push(" ON CONFLICT (token_hash) DO NOTHING");
+            sql.build().execute(&self.writer).await.map_err(map_err)?;
+        }
+        Ok(())
     }
 }

@@ -149,25 +149,55 @@ impl Serialize for DatabaseUrl {
 pub enum BlobsUrl {
     /// `file://DIR`: a folder on the local disk (created if missing).
     File(PathBuf),
+    /// `s3://BUCKET[/PREFIX]`: an S3-compatible object store (endpoint, region and
+    /// credentials in `[s3]` or the standard AWS environment variables). Keys go under
+    /// PREFIX when given, so several deployments can share a bucket.
+    S3 {
+        bucket: String,
+        prefix: Option<String>,
+    },
 }
 
 impl BlobsUrl {
     pub fn parse(text: &str) -> Result<Self, UrlError> {
         let text = text.trim();
-        match text.strip_prefix("file://") {
-            Some("") => Err(UrlError(
-                "file:// URL names no folder: use file://DIR".into(),
-            )),
-            Some(dir) => Ok(Self::File(PathBuf::from(dir))),
-            None => Err(UrlError(format!(
-                "unsupported blob store URL `{text}`: use file://DIR"
-            ))),
+        if let Some(dir) = text.strip_prefix("file://") {
+            if dir.is_empty() {
+                return Err(UrlError(
+                    "file:// URL names no folder: use file://DIR".into(),
+                ));
+            }
+            return Ok(Self::File(PathBuf::from(dir)));
         }
+        if let Some(rest) = text.strip_prefix("s3://") {
+            let (bucket, prefix) = match rest.split_once('/') {
+                Some((bucket, prefix)) => (bucket, prefix.trim_matches('/')),
+                None => (rest, ""),
+            };
+            // S3's bucket naming rules: 3-63 of a-z 0-9 . -
+            let valid = (3..=63).contains(&bucket.len())
+                && bucket.bytes().all(|b| {
+                    b.is_ascii_lowercase() || b.is_ascii_digit() || b == b'.' || b == b'-'
+                });
+            if !valid {
+                return Err(UrlError(format!(
+                    "invalid S3 bucket name `{bucket}`: 3 to 63 characters of a-z, 0-9, . and -"
+                )));
+            }
+            return Ok(Self::S3 {
+                bucket: bucket.to_owned(),
+                prefix: (!prefix.is_empty()).then(|| prefix.to_owned()),
+            });
+        }
+        Err(UrlError(format!(
+            "unsupported blob store URL `{text}`: use file://DIR or s3://BUCKET[/PREFIX]"
+        )))
     }
 
     pub fn backend(&self) -> &'static str {
         match self {
             Self::File(_) => "file",
+            Self::S3 { .. } => "s3",
         }
     }
 }
@@ -176,6 +206,10 @@ impl fmt::Display for BlobsUrl {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         match self {
             Self::File(dir) => write!(f, "file://{}", dir.display()),
+            Self::S3 { bucket, prefix } => match prefix {
+                Some(prefix) => write!(f, "s3://{bucket}/{prefix}"),
+                None => write!(f, "s3://{bucket}"),
+            },
         }
     }
 }
@@ -198,6 +232,74 @@ impl Serialize for BlobsUrl {
     fn serialize<S: Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
         s.collect_str(self)
     }
+}
+
+/// A secret setting (a password, a secret key): shown as `****` when set, in `Debug`,
+/// `Display` and the serialized configuration.
+#[derive(Clone, Default, PartialEq, Eq)]
+pub struct Secret(String);
+
+impl Secret {
+    pub fn new(text: impl Into<String>) -> Self {
+        Self(text.into())
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.0.is_empty()
+    }
+
+    /// The secret itself, for the client that uses it. Never log it.
+    pub fn expose(&self) -> &str {
+        &self.0
+    }
+}
+
+impl fmt::Debug for Secret {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(if self.0.is_empty() { "\"\"" } else { REDACTED })
+    }
+}
+
+impl fmt::Display for Secret {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(if self.0.is_empty() { "" } else { REDACTED })
+    }
+}
+
+impl<'de> Deserialize<'de> for Secret {
+    fn deserialize<D: Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+        String::deserialize(d).map(Self)
+    }
+}
+
+impl Serialize for Secret {
+    fn serialize<S: Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
+        s.collect_str(self)
+    }
+}
+
+/// How to reach the S3-compatible store of `s3://` blobs (`[s3]`). Empty settings fall
+/// back to the standard AWS environment variables (`AWS_ENDPOINT`, `AWS_REGION`,
+/// `AWS_ACCESS_KEY_ID`, `AWS_SECRET_ACCESS_KEY`, `AWS_SESSION_TOKEN`, ...), then to
+/// AWS's own defaults (instance credentials).
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct S3Settings {
+    /// The store's URL, e.g. `http://127.0.0.1:9000` (empty: AWS S3 of `region`).
+    pub endpoint: String,
+    /// The region (most self-hosted stores accept any, e.g. `us-east-1`).
+    pub region: String,
+    /// Path-style requests (`ENDPOINT/BUCKET/KEY`), as most self-hosted stores want;
+    /// false: virtual-hosted style (`BUCKET.ENDPOINT/KEY`), as AWS prefers.
+    pub path_style: bool,
+    /// Allow a plain `http://` endpoint (a store on a private network or loopback).
+    pub allow_http: bool,
+    pub access_key_id: String,
+    /// Shown as `****`; prefer `secret_access_key_file` or `AWS_SECRET_ACCESS_KEY`.
+    pub secret_access_key: Secret,
+    /// A file whose content (trimmed) is the secret access key (e.g. a mounted secret).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub secret_access_key_file: Option<PathBuf>,
 }
 
 #[cfg(test)]
@@ -253,6 +355,21 @@ mod tests {
     }
 
     #[test]
+    fn secrets_never_show() {
+        let settings = S3Settings {
+            access_key_id: "AKIDEXAMPLE".into(),
+            secret_access_key: Secret::new("wJalrXUtnFEMI"),
+            ..S3Settings::default()
+        };
+        for shown in [format!("{settings:?}"), toml::to_string(&settings).unwrap()] {
+            assert!(!shown.contains("wJalrXUtnFEMI"), "{shown}");
+            assert!(shown.contains("****"), "{shown}");
+        }
+        assert_eq!(settings.secret_access_key.expose(), "wJalrXUtnFEMI");
+        assert_eq!(format!("{:?}", Secret::default()), "\"\"");
+    }
+
+    #[test]
     fn blob_urls() {
         assert_eq!(
             BlobsUrl::parse("file://data/blobs").unwrap(),
@@ -262,7 +379,18 @@ mod tests {
             BlobsUrl::parse("file:///var/hs").unwrap().to_string(),
             "file:///var/hs"
         );
-        assert!(BlobsUrl::parse("s3://bucket").is_err());
+        assert_eq!(
+            BlobsUrl::parse("s3://hs-blobs").unwrap(),
+            BlobsUrl::S3 {
+                bucket: "hs-blobs".into(),
+                prefix: None
+            }
+        );
+        let with_prefix = BlobsUrl::parse("s3://hs-blobs/prod/eu/").unwrap();
+        assert_eq!(with_prefix.to_string(), "s3://hs-blobs/prod/eu");
+        assert!(BlobsUrl::parse("s3://Bad_Bucket").is_err());
+        assert!(BlobsUrl::parse("s3://").is_err());
+        assert!(BlobsUrl::parse("gs://bucket").is_err());
         assert!(BlobsUrl::parse("file://").is_err());
     }
 }

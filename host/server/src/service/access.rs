@@ -1,12 +1,14 @@
 //! Access control: resolves a request's credentials (a signed request or a session) and
 //! asks the capability-policy guest about every authorized request, owners' included, so
 //! an operator's policy can also restrict owners. A guest that fails (trap, timeout,
-//! memory) never allows: the request gets a 500.
+//! memory) never allows: the request gets a 500 (a 503 when no module is loaded at all).
 
 use std::sync::Arc;
 
 use homeserver_protocol::{AuthHeader, BodyHash, PublicKey, StoragePath};
-use homeserver_runtime::{AuthorizeRequest, Caller as PolicyCaller, Operation, PolicyRuntime};
+use homeserver_runtime::{
+    AuthorizeRequest, Caller as PolicyCaller, GuestFailure, Operation, PolicyRuntime,
+};
 
 use super::ServiceError;
 use super::auth::{self, Credentials, ReadAccess, SignedTarget};
@@ -49,8 +51,21 @@ pub struct AccessControl {
     policy: Arc<PolicyRuntime>,
 }
 
-fn guest_failed(e: impl std::fmt::Display) -> ServiceError {
-    ServiceError::Internal(format!("capability policy guest failed: {e}"))
+fn guest_failed(e: GuestFailure) -> ServiceError {
+    match e {
+        // No module serves the slot (it failed to load and the operator chose to start
+        // anyway): the server cannot decide until it is fixed, which is not the client's
+        // fault nor a bug: 503, and the log says why.
+        GuestFailure::Unavailable { reason, .. } => {
+            tracing::error!(%reason, "no capability policy is loaded: answering 503");
+            ServiceError::Busy(
+                "the server's capability policy is not loaded, so it cannot decide this \
+                 request; the operator must fix it (see GET /admin/policies); retry later"
+                    .into(),
+            )
+        }
+        other => ServiceError::Internal(format!("capability policy guest failed: {other}")),
+    }
 }
 
 impl AccessControl {
@@ -90,6 +105,35 @@ impl AccessControl {
                 decision.reason
             })
         }))
+    }
+
+    /// Whose account a request about the caller's account (`GET /account`) names: the
+    /// signer of a valid signed request (bodiless), or the owner of a valid session (any
+    /// capabilities: the account's usage is not data under a path). No path is involved,
+    /// so the capability policy is not asked.
+    pub async fn account_holder(
+        &self,
+        credentials: &Credentials,
+        target: &SignedTarget<'_>,
+    ) -> Result<PublicKey, ServiceError> {
+        match credentials {
+            Credentials::Signed(h) => {
+                auth::verify(h, target, &BodyHash::empty())?;
+                Ok(h.public_key)
+            }
+            Credentials::Session(token) => {
+                let session = self.sessions.resolve(token).await?;
+                session
+                    .user
+                    .parse()
+                    .map_err(|e| ServiceError::Internal(format!("session user: {e}")))
+            }
+            Credentials::None => Err(ServiceError::InvalidSignature(
+                "missing credentials: sign the request (Authorization: Pk ...) or use a \
+                 session (Authorization: Bearer ...)"
+                    .into(),
+            )),
+        }
     }
 
     /// A read (GET, HEAD, listing) of `path`.

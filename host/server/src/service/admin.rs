@@ -4,11 +4,12 @@
 use std::sync::Arc;
 
 use homeserver_protocol::PublicKey;
-use homeserver_protocol::wire::{SignupTokenStatus, is_signup_token};
+use homeserver_protocol::wire::{SignupTokenStatus, normalize_signup_token};
 use serde::{Deserialize, Serialize};
 
 use super::entry_cache::EntryCache;
 use super::events::EventHub;
+use super::sessions::SessionService;
 use super::{ServiceError, now_secs};
 use crate::config::SignupMode;
 use crate::persistence::metadata::StoreStats;
@@ -33,6 +34,38 @@ pub struct DeletedAccount {
     pub entries_deleted: u64,
 }
 
+/// One backing store's state, for `GET /admin/stats`.
+#[derive(Debug, Clone, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+pub struct StoreHealth {
+    /// `sqlite`, `postgres`, `file` or `s3`.
+    pub backend: String,
+    /// `ok` or `down`.
+    pub status: String,
+    /// Why it is down.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub error: Option<String>,
+}
+
+impl StoreHealth {
+    fn of(backend: &str, error: Option<impl std::fmt::Display>) -> Self {
+        Self {
+            backend: backend.to_owned(),
+            status: if error.is_none() { "ok" } else { "down" }.to_owned(),
+            error: error.map(|e| e.to_string()),
+        }
+    }
+
+    pub fn is_ok(&self) -> bool {
+        self.status == "ok"
+    }
+}
+
+#[derive(Debug, Clone, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+pub struct BackendHealth {
+    pub metadata: StoreHealth,
+    pub blobs: StoreHealth,
+}
+
 #[derive(Clone)]
 pub struct AdminService {
     metadata: Arc<dyn MetadataStore>,
@@ -41,6 +74,7 @@ pub struct AdminService {
     default_quota: u64,
     signup_mode: SignupMode,
     entry_cache: Arc<EntryCache>,
+    sessions: SessionService,
 }
 
 impl AdminService {
@@ -51,6 +85,7 @@ impl AdminService {
         default_quota: u64,
         signup_mode: SignupMode,
         entry_cache: Arc<EntryCache>,
+        sessions: SessionService,
     ) -> Self {
         Self {
             metadata,
@@ -59,11 +94,22 @@ impl AdminService {
             default_quota,
             signup_mode,
             entry_cache,
+            sessions,
         }
     }
 
     pub async fn stats(&self) -> Result<StoreStats, ServiceError> {
         Ok(self.metadata.stats().await?)
+    }
+
+    /// Whether each backing store answers now (both asked at once, each within the
+    /// storage timeout), so an operator sees which one is down.
+    pub async fn backend_health(&self) -> BackendHealth {
+        let (metadata, blobs) = tokio::join!(self.metadata.ping(), self.blobs.ping());
+        BackendHealth {
+            metadata: StoreHealth::of(self.metadata.backend(), metadata.err()),
+            blobs: StoreHealth::of(self.blobs.backend(), blobs.err()),
+        }
     }
 
     pub async fn user(&self, key: &PublicKey) -> Result<UserInfo, ServiceError> {
@@ -119,6 +165,7 @@ impl AdminService {
             .ok_or_else(|| unknown_user(key))?;
         // The tailer would invalidate each entry as it sees the events; don't wait.
         self.entry_cache.clear();
+        self.sessions.forget_all();
         self.events.committed();
         let entries_deleted = blobs.len() as u64;
         let store = self.blobs.clone();
@@ -162,14 +209,14 @@ impl AdminService {
                 "this homeserver does not use signup tokens (signup is open)".into(),
             ));
         }
-        if !is_signup_token(token) {
+        let Some(token) = normalize_signup_token(token) else {
             return Err(ServiceError::BadRequest(
                 "malformed signup token: expected XXXX-XXXX-XXXX".into(),
             ));
-        }
+        };
         let record = self
             .metadata
-            .signup_token(token)
+            .signup_token(&token)
             .await?
             .ok_or_else(|| ServiceError::NotFound("unknown signup token".into()))?;
         Ok(SignupTokenStatus {
@@ -210,6 +257,7 @@ pub fn iso8601(unix: i64) -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use homeserver_protocol::wire::is_signup_token;
 
     #[test]
     fn tokens_have_the_documented_format() {

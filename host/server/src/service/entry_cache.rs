@@ -1,5 +1,6 @@
 //! A cache of entry metadata for the read path, so a hot GET costs no database round
-//! trip.
+//! trip. Only for a store this process owns (SQLite): on a shared store (PostgreSQL)
+//! it is disabled, see [`EntryCache::disabled`].
 //!
 //! Consistency: every committed write invalidates its key (this process's writes before
 //! they answer, so a writer always reads its own write; every write, from any instance,
@@ -19,6 +20,11 @@ const CAPACITY: usize = 100_000;
 pub struct EntryCache {
     entries: Cache<String, EntryRecord>,
     epoch: AtomicU64,
+    /// False on a store shared by several instances: another instance's write is only
+    /// seen by this one's tailer some time after it was acknowledged, so a cached row
+    /// could be stale for a read that comes right after. Such stores are read every
+    /// time (blob bytes, immutable under their key, stay cached in the blob store).
+    enabled: bool,
 }
 
 fn key(user: &str, path: &str) -> String {
@@ -43,10 +49,23 @@ impl EntryCache {
         Self {
             entries: Cache::new(capacity.max(1)),
             epoch: AtomicU64::new(0),
+            enabled: true,
+        }
+    }
+
+    /// A cache that never holds anything (for stores shared by several instances).
+    pub fn disabled() -> Self {
+        Self {
+            entries: Cache::new(1),
+            epoch: AtomicU64::new(0),
+            enabled: false,
         }
     }
 
     pub fn get(&self, user: &str, path: &str) -> Option<EntryRecord> {
+        if !self.enabled {
+            return None;
+        }
         self.entries.get(&key(user, path))
     }
 
@@ -57,6 +76,9 @@ impl EntryCache {
 
     /// Caches what a read found, unless a write may have changed it since `ticket`.
     pub fn insert(&self, ticket: ReadTicket, user: &str, path: &str, record: EntryRecord) {
+        if !self.enabled {
+            return;
+        }
         let k = key(user, path);
         if self.epoch.load(Ordering::SeqCst) != ticket.0 {
             return;

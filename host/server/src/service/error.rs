@@ -46,9 +46,7 @@ impl From<StoreError> for ServiceError {
 impl From<BlobError> for ServiceError {
     fn from(e: BlobError) -> Self {
         match e {
-            BlobError::Store(object_store::Error::Generic { .. }) => {
-                ServiceError::Unavailable(e.to_string())
-            }
+            BlobError::Unavailable(m) => ServiceError::Unavailable(m),
             other => ServiceError::Internal(other.to_string()),
         }
     }

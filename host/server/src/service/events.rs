@@ -1,7 +1,8 @@
 //! Events: the `/events/` feed and `/events-stream` subscriptions.
 //!
 //! The `events` table is the single source of truth. One tailer task follows it (woken
-//! by every local commit, and polling for commits of other instances) into a bounded
+//! by every local commit, by the store's announcement of another instance's commit
+//! (PostgreSQL NOTIFY), and polling as a backstop) into a bounded
 //! in-memory ring of recent events, then publishes the new head cursor on a `watch`
 //! channel. A subscription walks the cursor line in windows `(pos, head]`: from the ring
 //! when the ring still holds the whole window, otherwise straight from the database.
@@ -14,6 +15,7 @@ use std::collections::VecDeque;
 use std::sync::{Arc, RwLock};
 use std::time::Duration;
 
+use bytes::Bytes;
 use futures_util::Stream;
 use homeserver_protocol::event::{Event, encode_content_hash, resource_url};
 use tokio::sync::{Notify, watch};
@@ -47,8 +49,30 @@ pub fn to_wire(e: &EventRecord) -> Event {
     }
 }
 
+/// An event as subscribers get it: the record, and its SSE frame, made once (by the
+/// tailer, for the ring) and shared by every subscriber that sends it.
+#[derive(Debug)]
+pub struct HubEvent {
+    pub record: EventRecord,
+    pub frame: Bytes,
+}
+
+impl HubEvent {
+    pub fn new(record: EventRecord) -> Arc<Self> {
+        let frame = Bytes::from(to_wire(&record).sse_frame());
+        Arc::new(Self { record, frame })
+    }
+}
+
+impl std::ops::Deref for HubEvent {
+    type Target = EventRecord;
+    fn deref(&self) -> &EventRecord {
+        &self.record
+    }
+}
+
 struct Ring {
-    events: VecDeque<Arc<EventRecord>>,
+    events: VecDeque<Arc<HubEvent>>,
     /// The ring holds every event with a cursor in `(floor, head]`.
     floor: u64,
 }
@@ -135,10 +159,19 @@ impl EventHub {
 
     /// Follows the events table until shutdown.
     pub async fn run_tailer(self: Arc<Self>) {
+        // Commits of other instances: announced by the store (PostgreSQL NOTIFY) when it
+        // can; the poll is a backstop for notifications lost in a reconnect.
+        let remote = self.metadata.remote_commits();
         loop {
             tokio::select! {
                 _ = self.stop.cancelled() => return,
                 _ = self.wake.notified() => {}
+                _ = async {
+                    match &remote {
+                        Some(remote) => remote.notified().await,
+                        None => std::future::pending().await,
+                    }
+                } => {}
                 _ = tokio::time::sleep(POLL_INTERVAL) => {}
             }
             if let Err(e) = self.catch_up().await {
@@ -170,7 +203,7 @@ impl EventHub {
             }
             {
                 let mut ring = self.ring.write().unwrap_or_else(|p| p.into_inner());
-                ring.events.extend(batch.into_iter().map(Arc::new));
+                ring.events.extend(batch.into_iter().map(HubEvent::new));
                 while ring.events.len() > self.ring_capacity {
                     if let Some(old) = ring.events.pop_front() {
                         ring.floor = old.cursor;
@@ -186,7 +219,7 @@ impl EventHub {
 
     /// The ring's events in `(after, up_to]`, or None when the ring does not hold all
     /// of that window.
-    fn ring_window(&self, after: u64, up_to: u64) -> Option<Vec<Arc<EventRecord>>> {
+    fn ring_window(&self, after: u64, up_to: u64) -> Option<Vec<Arc<HubEvent>>> {
         let ring = self.ring.read().unwrap_or_else(|p| p.into_inner());
         let ring_head = ring.events.back().map_or(ring.floor, |e| e.cursor);
         if after < ring.floor || up_to > ring_head {
@@ -222,7 +255,7 @@ impl EventHub {
         self: &Arc<Self>,
         subscription: Subscription,
     ) -> Result<
-        impl Stream<Item = Result<Vec<Arc<EventRecord>>, ServiceError>> + Send + 'static,
+        impl Stream<Item = Result<Vec<Arc<HubEvent>>, ServiceError>> + Send + 'static,
         ServiceError,
     > {
         // The history ends at the newest committed event, which the tailer may not have
@@ -273,7 +306,7 @@ struct Cursoring {
 }
 
 impl Cursoring {
-    fn take(&mut self, mut batch: Vec<Arc<EventRecord>>) -> Vec<Arc<EventRecord>> {
+    fn take(&mut self, mut batch: Vec<Arc<HubEvent>>) -> Vec<Arc<HubEvent>> {
         if let Some(remaining) = &mut self.remaining {
             batch.truncate(*remaining as usize);
             *remaining -= batch.len() as u32;
@@ -284,7 +317,7 @@ impl Cursoring {
         batch
     }
 
-    async fn next_forward(&mut self) -> Option<Result<Vec<Arc<EventRecord>>, ServiceError>> {
+    async fn next_forward(&mut self) -> Option<Result<Vec<Arc<HubEvent>>, ServiceError>> {
         loop {
             if self.done {
                 return None;
@@ -340,7 +373,7 @@ impl Cursoring {
                         Some(last) if rows.len() == BATCH as usize => last.cursor,
                         _ => target,
                     };
-                    rows.into_iter().map(Arc::new).collect()
+                    rows.into_iter().map(HubEvent::new).collect()
                 }
             };
             let batch = self.take(batch);
@@ -350,7 +383,7 @@ impl Cursoring {
         }
     }
 
-    async fn next_reverse(&mut self) -> Option<Result<Vec<Arc<EventRecord>>, ServiceError>> {
+    async fn next_reverse(&mut self) -> Option<Result<Vec<Arc<HubEvent>>, ServiceError>> {
         if self.done {
             return None;
         }
@@ -378,7 +411,7 @@ impl Cursoring {
             Some(last) => self.before = last.cursor,
             None => return None,
         }
-        let batch = self.take(rows.into_iter().map(Arc::new).collect());
+        let batch = self.take(rows.into_iter().map(HubEvent::new).collect());
         if batch.is_empty() {
             None
         } else {
@@ -423,7 +456,7 @@ mod tests {
     async fn slow_subscriber_catches_up_from_the_database() {
         let dir = tempfile::tempdir().unwrap();
         let url = DatabaseUrl::parse(&format!("sqlite://{}/hs.db", dir.path().display())).unwrap();
-        let store = open_metadata(&url).await.unwrap();
+        let store = open_metadata(&url, &Default::default()).await.unwrap();
         let user = "u".repeat(52);
         store
             .sign_up(

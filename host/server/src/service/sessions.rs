@@ -4,6 +4,7 @@
 //! (see `access`), never here.
 
 use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, Ordering};
 
 use base64::Engine;
 use base64::engine::general_purpose::URL_SAFE_NO_PAD;
@@ -39,14 +40,43 @@ fn token_hash(token: &str) -> [u8; 32] {
     Sha256::digest(token.as_bytes()).into()
 }
 
+/// Sessions kept in memory (about 300 bytes each).
+const CACHE_CAPACITY: usize = 100_000;
+
+/// Live sessions by token hash, so a session request costs no database lookup. Only
+/// for a store this process owns: on a shared store another instance may revoke a
+/// session, and a revocation must hold at once everywhere, so there every request
+/// reads the store. Expiry is checked on every use; a revocation (or an account
+/// deletion) here removes the entry, and a lookup that raced one does not cache what it
+/// read (the epoch check, as in `entry_cache`).
+struct SessionCache {
+    sessions: quick_cache::sync::Cache<[u8; 32], SessionRecord>,
+    epoch: AtomicU64,
+}
+
 #[derive(Clone)]
 pub struct SessionService {
     metadata: Arc<dyn MetadataStore>,
+    cache: Option<Arc<SessionCache>>,
 }
 
 impl SessionService {
     pub fn new(metadata: Arc<dyn MetadataStore>) -> Self {
-        Self { metadata }
+        let cache = (!metadata.shared()).then(|| {
+            Arc::new(SessionCache {
+                sessions: quick_cache::sync::Cache::new(CACHE_CAPACITY),
+                epoch: AtomicU64::new(0),
+            })
+        });
+        Self { metadata, cache }
+    }
+
+    /// Forgets every cached session (an account was deleted with its sessions).
+    pub fn forget_all(&self) {
+        if let Some(cache) = &self.cache {
+            cache.epoch.fetch_add(1, Ordering::SeqCst);
+            cache.sessions.clear();
+        }
     }
 
     pub async fn create(
@@ -108,11 +138,27 @@ impl SessionService {
     /// The live session of a bearer token: 401 `invalid_signature` when unknown or
     /// revoked, 401 `expired_session` when expired.
     pub async fn resolve(&self, token: &str) -> Result<SessionRecord, ServiceError> {
-        let session = self
-            .metadata
-            .session(&token_hash(token))
-            .await?
-            .ok_or_else(|| ServiceError::InvalidSignature("unknown or revoked session".into()))?;
+        let hash = token_hash(token);
+        let cached = self.cache.as_ref().and_then(|c| c.sessions.get(&hash));
+        let session = match cached {
+            Some(session) => session,
+            None => {
+                let epoch = self.cache.as_ref().map(|c| c.epoch.load(Ordering::SeqCst));
+                let session = self.metadata.session(&hash).await?.ok_or_else(|| {
+                    ServiceError::InvalidSignature(
+                        "unknown or revoked session token (create a new session)".into(),
+                    )
+                })?;
+                if let (Some(cache), Some(epoch)) = (&self.cache, epoch) {
+                    cache.sessions.insert(hash, session.clone());
+                    // A revocation meanwhile: do not keep what may be stale.
+                    if cache.epoch.load(Ordering::SeqCst) != epoch {
+                        cache.sessions.remove(&hash);
+                    }
+                }
+                session
+            }
+        };
         if session.expires_at <= now_secs() {
             return Err(ServiceError::ExpiredSession);
         }
@@ -121,7 +167,17 @@ impl SessionService {
 
     pub async fn revoke(&self, token: &str) -> Result<(), ServiceError> {
         self.resolve(token).await?;
-        self.metadata.delete_session(&token_hash(token)).await?;
+        let hash = token_hash(token);
+        if let Some(cache) = &self.cache {
+            cache.epoch.fetch_add(1, Ordering::SeqCst);
+            cache.sessions.remove(&hash);
+        }
+        self.metadata.delete_session(&hash).await?;
+        // Again: a lookup between the removal and the delete may have cached it.
+        if let Some(cache) = &self.cache {
+            cache.epoch.fetch_add(1, Ordering::SeqCst);
+            cache.sessions.remove(&hash);
+        }
         Ok(())
     }
 }

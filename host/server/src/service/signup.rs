@@ -4,7 +4,7 @@
 
 use std::sync::Arc;
 
-use homeserver_protocol::wire::{SignupResult, is_signup_token};
+use homeserver_protocol::wire::{SignupResult, normalize_signup_token};
 use homeserver_protocol::{AuthHeader, BodyHash};
 
 use super::auth::{self, SignedTarget};
@@ -47,14 +47,17 @@ impl SignupService {
                         "this homeserver requires a signup token (?signup_token=...)".into(),
                     ));
                 }
-                Some(t) if !is_signup_token(t) => {
-                    return Err(ServiceError::BadRequest(
-                        "malformed signup token: expected XXXX-XXXX-XXXX".into(),
-                    ));
-                }
-                Some(t) => Some(t),
+                Some(t) => match normalize_signup_token(t) {
+                    Some(t) => Some(t),
+                    None => {
+                        return Err(ServiceError::BadRequest(
+                            "malformed signup token: expected XXXX-XXXX-XXXX".into(),
+                        ));
+                    }
+                },
             },
         };
+        let token = token.as_deref();
         let public_key = header.public_key.to_z32();
         let outcome = self
             .metadata

@@ -14,7 +14,8 @@ use base64::Engine;
 use base64::engine::general_purpose::URL_SAFE_NO_PAD;
 use bytes::Bytes;
 use futures_util::{Stream, StreamExt};
-use homeserver_protocol::wire::{DeleteResult, ListEntry, ListResult, PutResult};
+use homeserver_protocol::event::encode_content_hash;
+use homeserver_protocol::wire::{AccountInfo, DeleteResult, ListEntry, ListResult, PutResult};
 use homeserver_protocol::{BodyHash, PublicKey, StoragePath};
 use sha2::{Digest, Sha256};
 
@@ -101,6 +102,24 @@ impl StorageService {
 
     pub fn limits(&self) -> StorageLimits {
         self.limits
+    }
+
+    /// The account of `user` as its owner sees it (`GET /account`): usage, the quota in
+    /// force and the value size limit. 404 when the key never signed up.
+    pub async fn account(&self, user: &PublicKey) -> Result<AccountInfo, ServiceError> {
+        let record = self.metadata.user(&user.to_z32()).await?.ok_or_else(|| {
+            ServiceError::NotFound(format!(
+                "no account for {user} on this homeserver: sign up first (POST /signup)"
+            ))
+        })?;
+        Ok(AccountInfo {
+            quota_bytes: record.quota_bytes.unwrap_or(self.limits.quota_bytes),
+            public_key: record.public_key,
+            created_at: record.created_at,
+            used_bytes: record.used_bytes,
+            max_value_bytes: self.limits.max_value_bytes,
+            disabled: record.disabled,
+        })
     }
 
     /// Memory held now by uploads whose signature is not checked yet.
@@ -476,6 +495,7 @@ impl StorageService {
                             size: None,
                             created_at: None,
                             updated_at: None,
+                            content_hash: None,
                         });
                         continue 'fetch;
                     }
@@ -490,6 +510,7 @@ impl StorageService {
                             size: Some(row.size),
                             created_at: Some(row.created_at),
                             updated_at: Some(row.updated_at),
+                            content_hash: Some(encode_content_hash(&row.content_hash)),
                         });
                     }
                 }

@@ -53,14 +53,19 @@ async fn many_writers_on_one_path() {
         "one event per write"
     );
 
-    // Replaced blobs are deleted: only the live one remains.
-    tokio::time::sleep(std::time::Duration::from_millis(300)).await;
-    let dir = host
-        .dir
-        .path()
-        .join("blobs")
-        .join(alice.public_key().to_z32());
-    assert_eq!(std::fs::read_dir(dir).unwrap().count(), 1);
+    // Replaced blobs are deleted (after the answer, in the background): only the live
+    // one remains.
+    let user = alice.public_key().to_z32();
+    eventually(
+        "replaced blobs deleted",
+        std::time::Duration::from_secs(10),
+        || {
+            let blobs = ctx.blobs.clone();
+            let user = user.clone();
+            async move { crate::backend::blob_keys(&blobs, &user).await.len() == 1 }
+        },
+    )
+    .await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]

@@ -2,7 +2,6 @@
 //! is whole (its bytes match its size and ETag), usage matches the entries, and the
 //! server serves.
 
-use std::process::{Child, Command, Stdio};
 use std::time::Duration;
 
 use base64::Engine;
@@ -10,72 +9,19 @@ use homeserver_protocol::wire::ListResult;
 use homeserver_protocol::{AuthHeader, BodyHash, Keypair};
 use reqwest::Method;
 
-use crate::fixture::now;
+use crate::fixture::{now, signed_request};
+use crate::process::{ServerProcess, free_port};
 
-struct Server {
-    child: Child,
-    url: String,
+/// The metadata database of the server whose working dir is `dir`.
+fn database_url(dir: &std::path::Path) -> homeserver::persistence::DatabaseUrl {
+    crate::backend::database_url_for(&dir.join("data"))
 }
 
-impl Drop for Server {
-    fn drop(&mut self) {
-        let _ = self.child.kill();
-        let _ = self.child.wait();
-    }
-}
-
-fn free_port() -> u16 {
-    std::net::TcpListener::bind("127.0.0.1:0")
-        .unwrap()
-        .local_addr()
-        .unwrap()
-        .port()
-}
-
-// The returned guard kills and reaps the child in Drop, which the lint cannot see.
-#[allow(clippy::zombie_processes)]
-async fn start(dir: &std::path::Path, port: u16) -> Server {
-    let child = Command::new(env!("CARGO_BIN_EXE_homeserver"))
-        .current_dir(dir)
-        .env("HOMESERVER__HTTP__LISTEN", format!("127.0.0.1:{port}"))
-        .env("HOMESERVER__STORAGE__QUOTA_BYTES", "0")
-        .env("HOMESERVER__METRICS__LISTEN", "")
-        .env(
-            "HOMESERVER__POLICIES__CACHE_DIR",
-            crate::fixture::shared_guest_cache(),
-        )
-        .env("HOMESERVER__RATE_LIMIT__ENABLED", "false")
-        .env("RUST_LOG", "warn")
-        .stdout(Stdio::null())
-        .stderr(Stdio::inherit())
-        .spawn()
-        .unwrap();
-    let url = format!("http://127.0.0.1:{port}");
-    for _ in 0..200 {
-        if tokio::net::TcpStream::connect(("127.0.0.1", port))
-            .await
-            .is_ok()
-        {
-            return Server { child, url };
-        }
-        tokio::time::sleep(Duration::from_millis(25)).await;
-    }
-    panic!("homeserver did not start");
-}
-
-fn signed(
-    http: &reqwest::Client,
-    url: &str,
-    key: &Keypair,
-    method: Method,
-    target: &str,
-    body: Vec<u8>,
-    ts: u64,
-) -> reqwest::RequestBuilder {
-    let header = AuthHeader::sign(key, method.as_str(), target, ts, &BodyHash::of(&body));
-    http.request(method, format!("{url}{target}"))
-        .header("Authorization", header.to_header_value())
-        .body(body)
+/// The real binary on `dir`'s data (the suite's backends), quota off.
+async fn start(dir: &std::path::Path, port: u16) -> ServerProcess {
+    let mut env = crate::backend::server_env(&dir.join("data"));
+    env.push(("HOMESERVER__STORAGE__QUOTA_BYTES".into(), "0".into()));
+    ServerProcess::start(dir, port, &env).await
 }
 
 /// A slow streamed upload: the body trickles in so the kill lands mid-stream.
@@ -100,7 +46,7 @@ fn slow_upload(
 
 async fn check_consistent(url: &str, key: &Keypair, dir: &std::path::Path) -> usize {
     let http = reqwest::Client::new();
-    let page: ListResult = signed(
+    let page: ListResult = signed_request(
         &http,
         url,
         key,
@@ -117,7 +63,7 @@ async fn check_consistent(url: &str, key: &Keypair, dir: &std::path::Path) -> us
     .unwrap();
     let mut total = 0;
     for entry in &page.entries {
-        let r = signed(&http, url, key, Method::GET, &entry.path, vec![], now())
+        let r = signed_request(&http, url, key, Method::GET, &entry.path, vec![], now())
             .send()
             .await
             .unwrap();
@@ -141,16 +87,17 @@ async fn check_consistent(url: &str, key: &Keypair, dir: &std::path::Path) -> us
         total += bytes.len() as u64;
     }
     // Usage agrees with the entries.
-    let db = sqlx::SqlitePool::connect(&format!("sqlite://{}/data/hs.db", dir.display()))
+    let store = homeserver::persistence::open_metadata(&database_url(dir), &Default::default())
         .await
         .unwrap();
-    let used: i64 = sqlx::query_scalar("SELECT used_bytes FROM users WHERE public_key = ?")
-        .bind(key.public_key().to_z32())
-        .fetch_one(&db)
+    let used = store
+        .user(&key.public_key().to_z32())
         .await
-        .unwrap();
-    db.close().await;
-    assert_eq!(used as u64, total, "usage matches the stored entries");
+        .unwrap()
+        .unwrap()
+        .used_bytes;
+    store.close().await;
+    assert_eq!(used, total, "usage matches the stored entries");
     page.entries.len()
 }
 
@@ -161,7 +108,7 @@ async fn kill_during_uploads_leaves_store_consistent() {
     let key = Keypair::random();
     let http = reqwest::Client::new();
     let mut server = start(dir.path(), port).await;
-    let r = signed(
+    let r = signed_request(
         &http,
         &server.url,
         &key,
@@ -179,15 +126,17 @@ async fn kill_during_uploads_leaves_store_consistent() {
         // Writers: a slow large upload plus a stream of small overwrites and new entries.
         let url = server.url.clone();
         let slow = tokio::spawn(slow_upload(&http, &url, &key, &format!("/pub/big{round}")).send());
+        let acked = std::sync::Arc::new(std::sync::atomic::AtomicU64::new(0));
         let writer = {
             let (http, url, key) = (http.clone(), url.clone(), key.clone());
+            let acked = acked.clone();
             tokio::spawn(async move {
                 for i in 0u64.. {
                     let body = format!("round {round} value {i} ")
                         .repeat(1 + (i as usize % 50))
                         .into_bytes();
                     let target = format!("/pub/small/{}", i % 7);
-                    let sent = signed(
+                    let sent = signed_request(
                         &http,
                         &url,
                         &key,
@@ -198,16 +147,26 @@ async fn kill_during_uploads_leaves_store_consistent() {
                     )
                     .send()
                     .await;
-                    if sent.is_err() {
-                        break;
+                    match sent {
+                        Ok(r) if r.status() == 200 => {
+                            acked.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
+                        }
+                        Ok(_) => {}
+                        Err(_) => break,
                     }
                 }
             })
         };
-        tokio::time::sleep(Duration::from_millis(300 + round * 250)).await;
+        // Some writes answered first (a loaded machine may take a while), then a little
+        // more so the kill lands in the middle of the stream.
+        crate::fixture::eventually("a write answered", Duration::from_secs(60), || {
+            let acked = acked.clone();
+            async move { acked.load(std::sync::atomic::Ordering::SeqCst) > 0 }
+        })
+        .await;
+        tokio::time::sleep(Duration::from_millis(100 + round * 150)).await;
         // kill -9
-        server.child.kill().unwrap();
-        server.child.wait().unwrap();
+        server.kill();
         let _ = slow.await;
         writer.await.unwrap();
 
@@ -219,7 +178,7 @@ async fn kill_during_uploads_leaves_store_consistent() {
         );
         // The interrupted big upload is either absent or whole (checked above); new
         // writes work after the restart.
-        let r = signed(
+        let r = signed_request(
             &http,
             &server.url,
             &key,
@@ -234,4 +193,6 @@ async fn kill_during_uploads_leaves_store_consistent() {
         .unwrap();
         assert_eq!(r.status(), 200);
     }
+    drop(server);
+    crate::backend::forget_database_of(&dir.path().join("data"));
 }

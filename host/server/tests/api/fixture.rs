@@ -13,6 +13,19 @@ pub struct TestHost {
     pub url: String,
     pub http: reqwest::Client,
     pub dir: TempDir,
+    /// Drops the test's database (PostgreSQL) when the host goes, unless stopped to be
+    /// restarted on the same data.
+    database: DatabaseGuard,
+}
+
+struct DatabaseGuard(Option<std::path::PathBuf>);
+
+impl Drop for DatabaseGuard {
+    fn drop(&mut self) {
+        if let Some(dir) = self.0.take() {
+            crate::backend::forget_database_of(&dir);
+        }
+    }
 }
 
 pub fn now() -> u64 {
@@ -26,8 +39,8 @@ pub fn now() -> u64 {
 pub fn test_config(dir: &std::path::Path) -> Config {
     let mut config = Config::defaults();
     config.http.listen = "127.0.0.1:0".parse().unwrap();
-    config.storage.database_url = format!("sqlite://{}/hs.db", dir.display()).parse().unwrap();
-    config.storage.blobs = format!("file://{}/blobs", dir.display()).parse().unwrap();
+    config.storage.database_url = crate::backend::database_url_for(dir);
+    (config.storage.blobs, config.s3) = crate::backend::blobs_for(dir);
     config.keys.secret_key_file = dir.join("server.key");
     config.policies.dir = dir.join("policies");
     config.policies.cache_dir = shared_guest_cache();
@@ -62,6 +75,7 @@ impl TestHost {
     }
 
     pub async fn start_in(dir: TempDir, config: Config) -> Self {
+        let database = DatabaseGuard(Some(dir.path().to_owned()));
         let server = Homeserver::start(config).await.expect("server starts");
         let url = format!("http://{}", server.http_addr());
         Self {
@@ -69,6 +83,7 @@ impl TestHost {
             url,
             http: reqwest::Client::new(),
             dir,
+            database,
         }
     }
 
@@ -81,6 +96,8 @@ impl TestHost {
         if let Some(server) = self.server.take() {
             server.shutdown().await;
         }
+        // The data stays for a restart.
+        self.database.0 = None;
         self.dir
     }
 
@@ -243,4 +260,27 @@ where
         );
         tokio::time::sleep(std::time::Duration::from_millis(20)).await;
     }
+}
+
+/// A request to the server at `url` signed by `key` at `timestamp` (for servers that are
+/// not a [`TestHost`], e.g. real processes).
+pub fn signed_request(
+    http: &reqwest::Client,
+    url: &str,
+    key: &Keypair,
+    method: Method,
+    target: &str,
+    body: Vec<u8>,
+    timestamp: u64,
+) -> RequestBuilder {
+    let header = AuthHeader::sign(
+        key,
+        method.as_str(),
+        target,
+        timestamp,
+        &BodyHash::of(&body),
+    );
+    http.request(method, format!("{url}{target}"))
+        .header("Authorization", header.to_header_value())
+        .body(body)
 }

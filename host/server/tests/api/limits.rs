@@ -174,32 +174,38 @@ async fn precedence_credentials_before_size_and_quota() {
 async fn orphaned_blobs_are_swept() {
     let host = TestHost::start().await;
     let alice = host.user().await;
+    let user = alice.public_key().to_z32();
     host.put(&alice, "/pub/a", b"one").await;
     host.put(&alice, "/pub/a", b"two").await; // the first blob becomes garbage
-    // Plant an orphan and a staging file as a crash would leave them.
-    let blobs_dir = host.dir.path().join("blobs");
-    let user_dir = blobs_dir.join(alice.public_key().to_z32());
-    std::fs::write(
-        user_dir.join("0190a0a0-0000-7000-8000-000000000000"),
-        b"orphan",
-    )
-    .unwrap();
-    std::fs::write(
-        user_dir.join("0190a0a0-0000-7000-8000-000000000001#3"),
-        b"partial",
-    )
-    .unwrap();
-    tokio::time::sleep(std::time::Duration::from_millis(100)).await;
     let ctx = host.server().context();
+    // Plant an orphan as a crash would leave it (between blob write and commit)...
+    ctx.blobs
+        .put_bytes(
+            &format!("{user}/0190a0a0-0000-7000-8000-000000000000"),
+            "orphan".into(),
+        )
+        .await
+        .unwrap();
+    // ...and, on the local disk, a staging file of an interrupted upload.
+    let staging = host
+        .dir
+        .path()
+        .join("blobs")
+        .join(&user)
+        .join("0190a0a0-0000-7000-8000-000000000001#3");
+    let local = crate::backend::Blobs::current() == crate::backend::Blobs::File;
+    if local {
+        std::fs::write(&staging, b"partial").unwrap();
+    }
     ctx.blobs
         .sweep(ctx.metadata.as_ref(), std::time::Duration::ZERO)
         .await
         .unwrap();
-    let left: Vec<_> = std::fs::read_dir(&user_dir)
-        .unwrap()
-        .map(|e| e.unwrap().file_name())
-        .collect();
+    let left = crate::backend::blob_keys(&ctx.blobs, &user).await;
     assert_eq!(left.len(), 1, "only the live blob stays: {left:?}");
+    if local {
+        assert!(!staging.exists(), "the staging file was swept");
+    }
     let r = host.get(&alice, "/pub/a").await;
     assert_eq!(r.bytes().await.unwrap(), "two");
 }

@@ -4,15 +4,22 @@
 
 mod backend;
 mod fixture;
+mod process;
+mod tcp_proxy;
 
 mod abuse;
+mod account;
 mod auth;
 mod concurrency;
 mod crash;
+mod deploy;
 mod events;
+mod first_run;
 mod limits;
 mod listing;
+mod maintenance;
 mod ops;
+mod scale_out;
 mod sessions;
 mod signup;
 mod storage;

@@ -95,14 +95,12 @@ async fn mint_show_revoke() {
     .await;
 
     // The token is stored only as its SHA-256.
-    let db = sqlx::SqlitePool::connect(&format!("sqlite://{}/hs.db", host.dir.path().display()))
-        .await
-        .unwrap();
     let token2 = crate::sessions::token(&host, &alice, &["read:/pub/"]).await;
-    let stored: Vec<Vec<u8>> = sqlx::query_scalar("SELECT token_hash FROM sessions")
-        .fetch_all(&db)
-        .await
-        .unwrap();
+    let stored = crate::backend::fetch_bytes(
+        &host.server().context().config.storage.database_url,
+        "SELECT token_hash FROM sessions",
+    )
+    .await;
     use sha2::Digest;
     let hash = sha2::Sha256::digest(token2.as_bytes()).to_vec();
     assert!(stored.contains(&hash));
@@ -369,14 +367,12 @@ async fn expired_sessions_answer_expired_session() {
     let alice = host.user().await;
     let t = token(&host, &alice, &["*:/pub/"]).await;
     // Age the session in the database (ttl has a 60 s minimum).
-    let db = sqlx::SqlitePool::connect(&format!("sqlite://{}/hs.db", host.dir.path().display()))
-        .await
-        .unwrap();
-    sqlx::query("UPDATE sessions SET expires_at = ?")
-        .bind(now() as i64 - 1)
-        .execute(&db)
-        .await
-        .unwrap();
+    crate::backend::execute_with_i64(
+        &host.server().context().config.storage.database_url,
+        "UPDATE sessions SET expires_at = ?",
+        now() as i64 - 1,
+    )
+    .await;
     let e = expect_error(
         bearer(&host, &t, Method::GET, "/pub/")
             .send()
@@ -654,4 +650,38 @@ async fn session_permission_comes_before_size() {
         .await
         .unwrap();
     expect_error(r, 401, ErrorCode::InvalidSignature).await;
+}
+
+/// Sessions are cached after their first use; deleting the account ends them at once.
+#[tokio::test]
+async fn a_cached_session_ends_with_its_account() {
+    let host = TestHost::start().await;
+    let alice = host.user().await;
+    let t = token(&host, &alice, &["*:/pub/"]).await;
+    assert_eq!(host.put(&alice, "/pub/x", b"1").await.status(), 200);
+    for _ in 0..2 {
+        let r = bearer(&host, &t, Method::GET, "/pub/x")
+            .send()
+            .await
+            .unwrap();
+        assert_eq!(r.status(), 200);
+    }
+    let admin = host.server().admin_addr().unwrap();
+    let r = host
+        .http
+        .delete(format!("http://{admin}/admin/users/{}", alice.public_key()))
+        .bearer_auth(ADMIN_PASSWORD)
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(r.status(), 200);
+    expect_error(
+        bearer(&host, &t, Method::GET, "/pub/x")
+            .send()
+            .await
+            .unwrap(),
+        401,
+        ErrorCode::InvalidSignature,
+    )
+    .await;
 }

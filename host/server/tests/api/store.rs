@@ -10,7 +10,7 @@ use homeserver::persistence::metadata::{
     CreateSessionOutcome, DeleteOutcome, EntryRange, EventQuery, NewEntry, PutOutcome,
     QuotaExceeded, ReplayMark, ReverseEventQuery, SessionRecord, SignupOutcome, UserCursor,
 };
-use homeserver::persistence::{MetadataStore, MetadataWrites};
+use homeserver::persistence::{MetadataStore, MetadataWrites, StoreError};
 use homeserver_protocol::event::EventKind;
 
 use crate::backend::TestDatabase;
@@ -908,4 +908,180 @@ async fn cursors_are_commit_ordered() {
     }
     let distinct: BTreeSet<u64> = all.iter().copied().collect();
     assert_eq!(distinct.len(), all.len());
+}
+
+/// The repairs fsck makes: removing an entry only while it still points at the lost
+/// blob (usage and a DEL event with it), and usage recomputed from the entries.
+#[tokio::test]
+async fn repairs_are_rules_too() {
+    let f = fixture().await;
+    let s = f.store.as_ref();
+    let alice = key(1);
+    sign_up(s, &alice).await;
+    put(s, &alice, "/pub/a", 10).await;
+    put(s, &alice, "/pub/b", 5).await;
+    let blob_a = s.entry(&alice, "/pub/a").await.unwrap().unwrap().blob_key;
+    // Not the entry's blob any more (an overwrite came first): left alone.
+    assert!(
+        !s.remove_entry_if_blob(&alice, "/pub/a", "someone/else", 2000)
+            .await
+            .unwrap()
+    );
+    assert!(
+        s.remove_entry_if_blob(&alice, "/pub/a", &blob_a, 2000)
+            .await
+            .unwrap()
+    );
+    assert!(s.entry(&alice, "/pub/a").await.unwrap().is_none());
+    assert_eq!(used(s, &alice).await, 5);
+    let events = all_events(s).await;
+    let last = events.last().unwrap();
+    assert_eq!((last.2.as_str(), last.3), ("/pub/a", EventKind::Del));
+    // A usage that drifted is set to the entries' sum, atomically.
+    assert_eq!(s.recompute_usage(&alice).await.unwrap(), Some((5, 5)));
+    assert_eq!(s.recompute_usage(&key(9)).await.unwrap(), None);
+}
+
+/// Copying a deployment: every kind of row goes over as it is, upserts make a second
+/// copy a no-op, events keep their cursors and later appends continue above them.
+#[tokio::test]
+async fn copies_carry_rows_as_they_are() {
+    let from = fixture().await;
+    let to = fixture().await;
+    let (a, b) = (from.store.as_ref(), to.store.as_ref());
+    let alice = key(1);
+    sign_up(a, &alice).await;
+    put(a, &alice, "/pub/x", 7).await;
+    put(a, &alice, "/pub/y", 3).await;
+    a.commit_delete(&alice, "/pub/y", 1500, Some(mark()))
+        .await
+        .unwrap();
+    assert!(a.create_signup_token("AAAA-BBBB-CCCC", 50).await.unwrap());
+    a.create_session(
+        &SessionRecord {
+            token_hash: [7; 32],
+            user: alice.clone(),
+            capabilities: vec!["read:/pub/".into()],
+            created_at: 10,
+            expires_at: 5000,
+        },
+        mark(),
+    )
+    .await
+    .unwrap();
+    a.set_user_quota(&alice, Some(999)).await.unwrap();
+
+    for _ in 0..2 {
+        let users = a.users_after("", 100).await.unwrap();
+        b.copy_users(&users).await.unwrap();
+        let entries = a
+            .entries(EntryRange {
+                user: &alice,
+                after: "",
+                before: "{",
+                descending: false,
+                limit: 100,
+            })
+            .await
+            .unwrap();
+        b.copy_entries(&alice, &entries).await.unwrap();
+        let events = a
+            .events(EventQuery {
+                users: &[],
+                after: 0,
+                up_to: i64::MAX as u64,
+                path_prefix: None,
+                limit: 100,
+            })
+            .await
+            .unwrap();
+        b.copy_events(&events).await.unwrap();
+        b.copy_signup_tokens(&a.signup_tokens_after("", 100).await.unwrap())
+            .await
+            .unwrap();
+        b.copy_sessions(&a.sessions_after(&[0; 32], 100).await.unwrap())
+            .await
+            .unwrap();
+    }
+    assert_eq!(b.user(&alice).await.unwrap(), a.user(&alice).await.unwrap());
+    assert_eq!(
+        b.entry(&alice, "/pub/x").await.unwrap(),
+        a.entry(&alice, "/pub/x").await.unwrap()
+    );
+    assert!(b.entry(&alice, "/pub/y").await.unwrap().is_none());
+    assert_eq!(all_events(b).await, all_events(a).await);
+    assert_eq!(b.stats().await.unwrap(), a.stats().await.unwrap());
+    assert_eq!(
+        b.signup_token("AAAA-BBBB-CCCC").await.unwrap(),
+        a.signup_token("AAAA-BBBB-CCCC").await.unwrap()
+    );
+    assert_eq!(
+        b.session(&[7; 32]).await.unwrap(),
+        a.session(&[7; 32]).await.unwrap()
+    );
+    // New events on the copy come after the copied ones.
+    let copied_head = b.latest_cursor().await.unwrap();
+    assert_eq!(copied_head, a.latest_cursor().await.unwrap());
+    put(b, &alice, "/pub/z", 1).await;
+    assert!(b.latest_cursor().await.unwrap() > copied_head);
+}
+
+/// Group commit: many writes at once are committed together, each caller gets its own
+/// outcome, and a write that fails takes none of the others with it.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn concurrent_procedures_share_transactions_but_not_failures() {
+    use homeserver::persistence::metadata::Procedure;
+    let f = fixture().await;
+    let alice = key(1);
+    sign_up(f.store.as_ref(), &alice).await;
+    let tasks: Vec<_> = (0..40u64)
+        .map(|i| {
+            let store = f.store.clone();
+            let alice = alice.clone();
+            tokio::spawn(async move {
+                if i == 17 {
+                    // A procedure that fails after a step: its batch must not commit
+                    // that step, and the others must still go through.
+                    let user = alice.clone();
+                    return store
+                        .run_procedure(Procedure::new(alice.clone(), move |tx| {
+                            let user = user.clone();
+                            Box::pin(async move {
+                                tx.set_usage(&user, 999_999, 0).await?;
+                                Err::<(), _>(StoreError::Internal("poison".into()))
+                            })
+                        }))
+                        .await
+                        .map(|_| ());
+                }
+                let blob = format!("b{i}");
+                let outcome = store
+                    .commit_put(
+                        new_entry(&alice, &format!("/pub/{i}"), &blob, 10),
+                        Some(mark()),
+                    )
+                    .await?;
+                assert!(
+                    matches!(outcome, PutOutcome::Committed { .. }),
+                    "{outcome:?}"
+                );
+                Ok(())
+            })
+        })
+        .collect();
+    let mut failed = 0;
+    for t in tasks {
+        if let Err(e) = t.await.unwrap() {
+            assert!(e.to_string().contains("poison"), "{e}");
+            failed += 1;
+        }
+    }
+    assert_eq!(failed, 1);
+    let s = f.store.as_ref();
+    assert_eq!(
+        used(s, &alice).await,
+        39 * 10,
+        "the poisoned write changed nothing"
+    );
+    assert_eq!(all_events(s).await.len(), 39);
 }

@@ -1,0 +1,231 @@
+//! Group commit: concurrent writes share one transaction, hence one fsync (SQLite) or
+//! one commit round trip (PostgreSQL), whatever the backend.
+//!
+//! [`CommitQueue`] sits in front of a store (the store front of `front` owns one). Every
+//! procedure is queued for one writer task, which takes everything waiting (up to
+//! [`MAX_BATCH`]), runs the procedures one after the other in a single transaction,
+//! appends all their events at the end, commits once, and only then answers each caller
+//! with its own outcome. So an answer still means "durable": nobody hears back before
+//! the commit that holds their write.
+//!
+//! Why it is safe: a procedure never needs a rollback (a refusal changes only the replay
+//! mark, see `rules`), so procedures of different requests can share a transaction; each
+//! sees the ones before it (two writes of one user in one batch apply in arrival
+//! order, quota and replay marks included). Procedures run ordered by the user row they
+//! lock, so batches of several instances on PostgreSQL take row locks in one order and
+//! cannot deadlock; the events (and PostgreSQL's events lock) come last, so that lock is
+//! held only from the batch's last statement to its commit. If a batch fails (a broken
+//! connection, a statement that fails), nothing of it committed, and each of its
+//! procedures runs again alone, so one bad request cannot fail the others.
+//!
+//! Under light load a batch holds one procedure, and the cost is one channel hop.
+
+use std::sync::Arc;
+
+use async_trait::async_trait;
+use homeserver_protocol::event::EventKind;
+use tokio::sync::{mpsc, oneshot};
+
+use super::metadata::{
+    EntryRecord, MetadataStore, NewEvent, Procedure, ProcedureOutput, ReplayMark, SessionRecord,
+    StoreError, TokenRedemption, UserRecord, WriteTx, run_alone,
+};
+
+/// Procedures in one transaction at most.
+pub const MAX_BATCH: usize = 256;
+/// Procedures waiting for the writer at most (callers wait for room beyond that).
+const QUEUE: usize = 4 * MAX_BATCH;
+
+struct Job {
+    procedure: Procedure,
+    reply: oneshot::Sender<Result<ProcedureOutput, StoreError>>,
+}
+
+/// The queue of a store's rule-bearing writes, committed in groups by one writer task.
+pub struct CommitQueue {
+    queue: mpsc::Sender<Job>,
+    writer: tokio::task::JoinHandle<()>,
+}
+
+impl CommitQueue {
+    /// Starts the writer task for `store` (on the current runtime). The store must be
+    /// the one below the queue (its own `run_procedure` runs each alone).
+    pub fn new(store: Arc<dyn MetadataStore>) -> Self {
+        let (queue, jobs) = mpsc::channel(QUEUE);
+        let writer = tokio::spawn(write_batches(store, jobs));
+        Self { queue, writer }
+    }
+
+    /// Runs `procedure` in the next batch and answers its outcome once that committed.
+    pub async fn submit(&self, procedure: Procedure) -> Result<ProcedureOutput, StoreError> {
+        let (reply, answer) = oneshot::channel();
+        self.queue
+            .send(Job { procedure, reply })
+            .await
+            .map_err(|_| StoreError::Unavailable("the write queue is closed".into()))?;
+        answer
+            .await
+            .map_err(|_| StoreError::Unavailable("the write queue stopped".into()))?
+    }
+}
+
+impl Drop for CommitQueue {
+    fn drop(&mut self) {
+        self.writer.abort();
+    }
+}
+
+/// The writer task: one batch at a time.
+async fn write_batches(store: Arc<dyn MetadataStore>, mut jobs: mpsc::Receiver<Job>) {
+    let mut batch = Vec::with_capacity(MAX_BATCH);
+    while jobs.recv_many(&mut batch, MAX_BATCH).await > 0 {
+        // Ordered by lock key; arrival order within a key (the sort is stable).
+        batch.sort_by(|a: &Job, b: &Job| a.procedure.lock_key.cmp(&b.procedure.lock_key));
+        if batch.len() == 1 {
+            let job = batch.pop().expect("one job");
+            let result = run_alone(store.as_ref(), &job.procedure).await;
+            let _ = job.reply.send(result);
+            continue;
+        }
+        match run_batch(store.as_ref(), &batch).await {
+            Ok(outputs) => {
+                for (job, output) in batch.drain(..).zip(outputs) {
+                    let _ = job.reply.send(Ok(output));
+                }
+            }
+            Err(error) => {
+                tracing::debug!(%error, jobs = batch.len(), "a write batch failed; running its writes one by one");
+                for job in batch.drain(..) {
+                    let result = run_alone(store.as_ref(), &job.procedure).await;
+                    let _ = job.reply.send(result);
+                }
+            }
+        }
+    }
+}
+
+/// Runs every job's procedure in one transaction; their events go in at the end.
+async fn run_batch(
+    store: &dyn MetadataStore,
+    batch: &[Job],
+) -> Result<Vec<ProcedureOutput>, StoreError> {
+    let mut tx = EventsLast {
+        inner: store.begin_write().await?,
+        events: Vec::new(),
+    };
+    let mut outputs = Vec::with_capacity(batch.len());
+    for job in batch {
+        outputs.push((job.procedure.run)(&mut tx).await?);
+    }
+    let EventsLast { mut inner, events } = tx;
+    let events: Vec<NewEvent<'_>> = events.iter().map(OwnedEvent::borrowed).collect();
+    inner.append_events(&events).await?;
+    inner.commit().await?;
+    Ok(outputs)
+}
+
+/// An event kept until the batch's end.
+struct OwnedEvent {
+    user: String,
+    path: String,
+    kind: EventKind,
+    content_hash: Option<[u8; 32]>,
+    created_at: i64,
+}
+
+impl OwnedEvent {
+    fn borrowed(&self) -> NewEvent<'_> {
+        NewEvent {
+            user: &self.user,
+            path: &self.path,
+            kind: self.kind,
+            content_hash: self.content_hash,
+            created_at: self.created_at,
+        }
+    }
+}
+
+/// A batch's transaction: every step goes through, but events are kept and appended
+/// after the last procedure (in order), so cursor assignment stays the last step.
+struct EventsLast {
+    inner: Box<dyn WriteTx>,
+    events: Vec<OwnedEvent>,
+}
+
+#[async_trait]
+impl WriteTx for EventsLast {
+    async fn insert_replay_mark(&mut self, mark: ReplayMark) -> Result<bool, StoreError> {
+        self.inner.insert_replay_mark(mark).await
+    }
+    async fn lock_user(&mut self, public_key: &str) -> Result<Option<UserRecord>, StoreError> {
+        self.inner.lock_user(public_key).await
+    }
+    async fn insert_user(
+        &mut self,
+        public_key: &str,
+        now: i64,
+        signup_token: Option<&str>,
+    ) -> Result<bool, StoreError> {
+        self.inner.insert_user(public_key, now, signup_token).await
+    }
+    async fn delete_user(&mut self, public_key: &str) -> Result<(), StoreError> {
+        self.inner.delete_user(public_key).await
+    }
+    async fn set_usage(
+        &mut self,
+        public_key: &str,
+        used_bytes: u64,
+        last_activity: i64,
+    ) -> Result<(), StoreError> {
+        self.inner
+            .set_usage(public_key, used_bytes, last_activity)
+            .await
+    }
+    async fn redeem_signup_token(
+        &mut self,
+        token: &str,
+        public_key: &str,
+        now: i64,
+    ) -> Result<TokenRedemption, StoreError> {
+        self.inner.redeem_signup_token(token, public_key, now).await
+    }
+    async fn entry(&mut self, user: &str, path: &str) -> Result<Option<EntryRecord>, StoreError> {
+        self.inner.entry(user, path).await
+    }
+    async fn put_entry(&mut self, user: &str, entry: &EntryRecord) -> Result<(), StoreError> {
+        self.inner.put_entry(user, entry).await
+    }
+    async fn remove_entry(
+        &mut self,
+        user: &str,
+        path: &str,
+    ) -> Result<Option<EntryRecord>, StoreError> {
+        self.inner.remove_entry(user, path).await
+    }
+    async fn remove_all_entries(&mut self, user: &str) -> Result<Vec<EntryRecord>, StoreError> {
+        self.inner.remove_all_entries(user).await
+    }
+    async fn insert_session(&mut self, session: &SessionRecord) -> Result<(), StoreError> {
+        self.inner.insert_session(session).await
+    }
+    async fn sum_entry_sizes(&mut self, user: &str) -> Result<u64, StoreError> {
+        self.inner.sum_entry_sizes(user).await
+    }
+    async fn append_events(&mut self, events: &[NewEvent<'_>]) -> Result<(), StoreError> {
+        self.events.extend(events.iter().map(|e| OwnedEvent {
+            user: e.user.to_owned(),
+            path: e.path.to_owned(),
+            kind: e.kind,
+            content_hash: e.content_hash,
+            created_at: e.created_at,
+        }));
+        Ok(())
+    }
+    async fn commit(self: Box<Self>) -> Result<(), StoreError> {
+        // Not reached: `run_batch` commits the inner transaction itself.
+        let EventsLast { mut inner, events } = *self;
+        let events: Vec<NewEvent<'_>> = events.iter().map(OwnedEvent::borrowed).collect();
+        inner.append_events(&events).await?;
+        inner.commit().await
+    }
+}

@@ -1,0 +1,665 @@
+//! Operator maintenance on the stores, whatever their backends: `fsck` (entries whose
+//! blob is missing, blobs no entry references, usage that disagrees with the entries;
+//! `--repair` fixes them), `export`/`import` of one user as a streamable archive, and
+//! `migrate`: copying a whole deployment to other backends (e.g. SQLite + disk to
+//! PostgreSQL + S3), resumable.
+//!
+//! The archive format (`homeserver export`), a POSIX tar stream:
+//! - first `manifest.json`: `{"format": "homeserver-export", "version": 1, "user":
+//!   "<z32>", "exported_at": <unix>}`;
+//! - then one regular file per entry, named by its path without the leading `/`
+//!   (`pub/example.com/hello.txt`), whose bytes are the value, with the tar mtime set to
+//!   the entry's `updated_at` and two PAX records before it: `homeserver.content_hash`
+//!   (the BLAKE3 of the value, standard base64, as the ETag) and `homeserver.created_at`
+//!   (Unix seconds).
+//!
+//! `tar tvf` lists an archive; `tar xf` unpacks the values. Import checks every value
+//! against its recorded hash before it commits it, and writes through the same rules as
+//! a PUT (quota, one PUT event per value).
+
+use std::io::{Read, Write};
+use std::sync::Arc;
+use std::time::Duration;
+
+use base64::Engine;
+use base64::engine::general_purpose::STANDARD;
+use bytes::Bytes;
+use futures_util::{StreamExt, TryStreamExt};
+use homeserver_protocol::{PublicKey, StoragePath};
+use serde::{Deserialize, Serialize};
+use tokio::runtime::Handle;
+
+use super::{ServiceError, now_secs};
+use crate::persistence::metadata::{
+    EntryRange, EntryRecord, EventQuery, NewEntry, PutOutcome, ReplayMark, SignupOutcome,
+};
+use crate::persistence::{BlobError, BlobStore, MetadataStore, MetadataWrites};
+
+/// Rows read at a time when walking a store.
+const PAGE: u32 = 500;
+/// Above every character a path may contain: `("", "{")` spans a user's whole space.
+const ALL_PATHS: (&str, &str) = ("", "{");
+
+const FORMAT: &str = "homeserver-export";
+const MANIFEST: &str = "manifest.json";
+const PAX_CONTENT_HASH: &str = "homeserver.content_hash";
+const PAX_CREATED_AT: &str = "homeserver.created_at";
+
+/// The stores a maintenance task works on.
+#[derive(Clone)]
+pub struct Stores {
+    pub metadata: Arc<dyn MetadataStore>,
+    pub blobs: BlobStore,
+}
+
+/// Progress of a long task, for a progress bar: bytes done of a total.
+pub trait Progress: Send + Sync {
+    fn set_total(&self, _bytes: u64) {}
+    fn advance(&self, _bytes: u64) {}
+    fn message(&self, _text: &str) {}
+}
+
+/// No progress shown.
+pub struct Quiet;
+impl Progress for Quiet {}
+
+/// All of one user's entries, page by page, in path order.
+async fn all_entries(
+    metadata: &dyn MetadataStore,
+    user: &str,
+    mut visit: impl AsyncFnMut(Vec<EntryRecord>) -> Result<(), ServiceError>,
+) -> Result<(), ServiceError> {
+    let mut after = ALL_PATHS.0.to_owned();
+    loop {
+        let page = metadata
+            .entries(EntryRange {
+                user,
+                after: &after,
+                before: ALL_PATHS.1,
+                descending: false,
+                limit: PAGE,
+            })
+            .await?;
+        let Some(last) = page.last() else {
+            return Ok(());
+        };
+        after = last.path.clone();
+        let full = page.len() == PAGE as usize;
+        visit(page).await?;
+        if !full {
+            return Ok(());
+        }
+    }
+}
+
+/// Every user, page by page, in key order.
+async fn all_users(
+    metadata: &dyn MetadataStore,
+    mut visit: impl AsyncFnMut(
+        Vec<crate::persistence::metadata::UserRecord>,
+    ) -> Result<(), ServiceError>,
+) -> Result<(), ServiceError> {
+    let mut after = String::new();
+    loop {
+        let page = metadata.users_after(&after, PAGE).await?;
+        let Some(last) = page.last() else {
+            return Ok(());
+        };
+        after = last.public_key.clone();
+        let full = page.len() == PAGE as usize;
+        visit(page).await?;
+        if !full {
+            return Ok(());
+        }
+    }
+}
+
+// ---------------------------------------------------------------------------------------
+// fsck
+
+/// An entry whose value is gone from the blob store.
+#[derive(Debug, Clone, Serialize)]
+pub struct MissingBlob {
+    pub user: String,
+    pub path: String,
+    pub blob_key: String,
+}
+
+/// A user whose recorded usage is not the sum of their entries.
+#[derive(Debug, Clone, Serialize)]
+pub struct UsageMismatch {
+    pub user: String,
+    pub recorded: u64,
+    pub actual: u64,
+}
+
+#[derive(Debug, Clone, Default, Serialize)]
+pub struct FsckReport {
+    pub users: u64,
+    pub entries: u64,
+    pub bytes: u64,
+    pub blobs: u64,
+    pub missing_blobs: Vec<MissingBlob>,
+    /// Blobs no entry references (older than the minimum age).
+    pub orphan_blobs: Vec<String>,
+    pub usage_mismatches: Vec<UsageMismatch>,
+    /// What `--repair` did: entries removed, orphans deleted, usages corrected.
+    pub repaired: Option<Repairs>,
+}
+
+#[derive(Debug, Clone, Default, Serialize)]
+pub struct Repairs {
+    pub entries_removed: u64,
+    pub orphans_deleted: u64,
+    pub usages_corrected: u64,
+}
+
+impl FsckReport {
+    pub fn is_clean(&self) -> bool {
+        self.missing_blobs.is_empty()
+            && self.orphan_blobs.is_empty()
+            && self.usage_mismatches.is_empty()
+    }
+}
+
+/// Checks the stores against each other; with `repair`, fixes what it found: an entry
+/// whose blob is missing is removed (as a DELETE would: usage and a DEL event; its value
+/// is lost either way), an orphan blob older than `min_orphan_age` is deleted (younger
+/// ones may be uploads in flight on a running server), and a usage is set to the sum of
+/// its user's entries (atomically, under the user's lock).
+pub async fn fsck(
+    stores: &Stores,
+    repair: bool,
+    min_orphan_age: Duration,
+    progress: &dyn Progress,
+) -> Result<FsckReport, ServiceError> {
+    let Stores { metadata, blobs } = stores;
+    let mut report = FsckReport::default();
+    if let Ok(stats) = metadata.stats().await {
+        progress.set_total(stats.total_storage);
+    }
+    progress.message("checking entries");
+    all_users(metadata.as_ref(), async |users| {
+        for user in users {
+            report.users += 1;
+            let mut sum = 0;
+            all_entries(metadata.as_ref(), &user.public_key, async |entries| {
+                for entry in entries {
+                    report.entries += 1;
+                    report.bytes += entry.size;
+                    sum += entry.size;
+                    progress.advance(entry.size);
+                    if blobs.size_of(&entry.blob_key).await?.is_none() {
+                        // Re-read: an overwrite may have moved it to a new blob meanwhile.
+                        let now = metadata.entry(&user.public_key, &entry.path).await?;
+                        if now.is_some_and(|n| n.blob_key == entry.blob_key) {
+                            report.missing_blobs.push(MissingBlob {
+                                user: user.public_key.clone(),
+                                path: entry.path.clone(),
+                                blob_key: entry.blob_key.clone(),
+                            });
+                        }
+                    }
+                }
+                Ok(())
+            })
+            .await?;
+            if sum != user.used_bytes {
+                report.usage_mismatches.push(UsageMismatch {
+                    user: user.public_key.clone(),
+                    recorded: user.used_bytes,
+                    actual: sum,
+                });
+            }
+        }
+        Ok(())
+    })
+    .await?;
+
+    progress.message("checking blobs");
+    let cutoff = now_secs().saturating_sub(i64::try_from(min_orphan_age.as_secs()).unwrap_or(0));
+    let mut listing = blobs.list(None);
+    while let Some(meta) = listing.next().await {
+        let meta = meta?;
+        report.blobs += 1;
+        if meta.modified <= cutoff && !metadata.blob_referenced(&meta.key).await? {
+            report.orphan_blobs.push(meta.key);
+        }
+    }
+
+    if repair {
+        let mut repairs = Repairs::default();
+        for missing in &report.missing_blobs {
+            if metadata
+                .remove_entry_if_blob(&missing.user, &missing.path, &missing.blob_key, now_secs())
+                .await?
+            {
+                repairs.entries_removed += 1;
+            }
+        }
+        for key in &report.orphan_blobs {
+            // Checked again: a commit may have started to reference it since.
+            if !metadata.blob_referenced(key).await? {
+                blobs.delete(key).await?;
+                repairs.orphans_deleted += 1;
+            }
+        }
+        // After the removals above, which changed usage themselves.
+        let mut users = Vec::new();
+        all_users(metadata.as_ref(), async |page| {
+            users.extend(page.into_iter().map(|u| u.public_key));
+            Ok(())
+        })
+        .await?;
+        for user in users {
+            if let Some((before, after)) = metadata.recompute_usage(&user).await?
+                && before != after
+            {
+                repairs.usages_corrected += 1;
+            }
+        }
+        report.repaired = Some(repairs);
+    }
+    Ok(report)
+}
+
+// ---------------------------------------------------------------------------------------
+// export / import
+
+#[derive(Debug, Serialize, Deserialize)]
+struct Manifest {
+    format: String,
+    version: u32,
+    user: String,
+    exported_at: i64,
+}
+
+#[derive(Debug, Clone, Default, Serialize)]
+pub struct TransferSummary {
+    pub user: String,
+    pub entries: u64,
+    pub bytes: u64,
+}
+
+fn io_error(e: std::io::Error) -> ServiceError {
+    ServiceError::BadRequest(format!("archive: {e}"))
+}
+
+fn blob_io(e: BlobError) -> std::io::Error {
+    std::io::Error::other(e)
+}
+
+/// Writes `user`'s whole space to `out` as an archive (see the module header), value by
+/// value, streaming: memory stays small whatever the user stores.
+pub async fn export_user<W: Write + Send + 'static>(
+    stores: &Stores,
+    user: &PublicKey,
+    out: W,
+    progress: Arc<dyn Progress>,
+) -> Result<TransferSummary, ServiceError> {
+    let user = user.to_z32();
+    let record = stores
+        .metadata
+        .user(&user)
+        .await?
+        .ok_or_else(|| ServiceError::NotFound(format!("no user {user} on this homeserver")))?;
+    progress.set_total(record.used_bytes);
+    let stores = stores.clone();
+    let handle = Handle::current();
+    tokio::task::spawn_blocking(move || {
+        let mut archive = tar::Builder::new(out);
+        let manifest = serde_json::to_vec_pretty(&Manifest {
+            format: FORMAT.into(),
+            version: 1,
+            user: user.clone(),
+            exported_at: now_secs(),
+        })
+        .map_err(|e| ServiceError::Internal(e.to_string()))?;
+        let mut header = tar::Header::new_gnu();
+        header.set_size(manifest.len() as u64);
+        header.set_mode(0o644);
+        header.set_mtime(u64::try_from(now_secs()).unwrap_or(0));
+        archive
+            .append_data(&mut header, MANIFEST, &manifest[..])
+            .map_err(io_error)?;
+        let mut summary = TransferSummary {
+            user: user.clone(),
+            ..TransferSummary::default()
+        };
+        // This thread blocks on the archive's writes; the stores' futures run on the
+        // runtime through `handle` (one at a time, never nested).
+        let mut after = ALL_PATHS.0.to_owned();
+        loop {
+            let page = handle.block_on(stores.metadata.entries(EntryRange {
+                user: &user,
+                after: &after,
+                before: ALL_PATHS.1,
+                descending: false,
+                limit: PAGE,
+            }))?;
+            let full = page.len() == PAGE as usize;
+            for entry in &page {
+                let stream = handle.block_on(stores.blobs.get(&entry.blob_key, entry.size))?;
+                let reader = tokio_util::io::StreamReader::new(stream.map_err(blob_io));
+                let reader = tokio_util::io::SyncIoBridge::new_with_handle(reader, handle.clone());
+                let hash = STANDARD.encode(entry.content_hash);
+                let created_at = entry.created_at.to_string();
+                archive
+                    .append_pax_extensions([
+                        (PAX_CONTENT_HASH, hash.as_bytes()),
+                        (PAX_CREATED_AT, created_at.as_bytes()),
+                    ])
+                    .map_err(io_error)?;
+                let mut header = tar::Header::new_gnu();
+                header.set_size(entry.size);
+                header.set_mode(0o644);
+                header.set_mtime(u64::try_from(entry.updated_at).unwrap_or(0));
+                archive
+                    .append_data(&mut header, &entry.path[1..], reader)
+                    .map_err(io_error)?;
+                summary.entries += 1;
+                summary.bytes += entry.size;
+                progress.advance(entry.size);
+            }
+            match page.last() {
+                Some(last) if full => after = last.path.clone(),
+                _ => break,
+            }
+        }
+        archive
+            .into_inner()
+            .and_then(|mut w| w.flush())
+            .map_err(io_error)?;
+        Ok(summary)
+    })
+    .await
+    .map_err(|e| ServiceError::Internal(format!("export task: {e}")))?
+}
+
+/// Reads an archive made by [`export_user`] from `input` and stores its values as the
+/// archive's user (signed up here if needed), each checked against its recorded hash
+/// before it is committed. Existing values at the same paths are replaced; others stay.
+pub async fn import_archive<R: Read + Send + 'static>(
+    stores: &Stores,
+    input: R,
+    default_quota: u64,
+    progress: Arc<dyn Progress>,
+) -> Result<TransferSummary, ServiceError> {
+    let stores = stores.clone();
+    let handle = Handle::current();
+    tokio::task::spawn_blocking(move || {
+        let mut archive = tar::Archive::new(input);
+        let mut summary = TransferSummary::default();
+        let mut user: Option<String> = None;
+        for entry in archive.entries().map_err(io_error)? {
+            let mut entry = entry.map_err(io_error)?;
+            let name = entry
+                .path()
+                .map_err(io_error)?
+                .to_str()
+                .map(str::to_owned)
+                .ok_or_else(|| ServiceError::BadRequest("archive: a name is not UTF-8".into()))?;
+            if name == MANIFEST {
+                let manifest: Manifest = serde_json::from_reader(&mut entry)
+                    .map_err(|e| ServiceError::BadRequest(format!("archive manifest: {e}")))?;
+                if manifest.format != FORMAT || manifest.version != 1 {
+                    return Err(ServiceError::BadRequest(format!(
+                        "not a homeserver export (format {} version {})",
+                        manifest.format, manifest.version
+                    )));
+                }
+                let key: PublicKey = manifest.user.parse().map_err(|e| {
+                    ServiceError::BadRequest(format!("archive manifest: user: {e}"))
+                })?;
+                handle.block_on(ensure_user(stores.metadata.as_ref(), &key.to_z32()))?;
+                summary.user = key.to_z32();
+                user = Some(key.to_z32());
+                continue;
+            }
+            if entry.header().entry_type() != tar::EntryType::Regular {
+                continue;
+            }
+            let Some(user) = &user else {
+                return Err(ServiceError::BadRequest(
+                    "archive: manifest.json must come first".into(),
+                ));
+            };
+            let path = StoragePath::parse(&format!("/{name}"))
+                .map_err(|e| ServiceError::BadRequest(format!("archive: {name}: {e}")))?;
+            let expected = entry
+                .pax_extensions()
+                .map_err(io_error)?
+                .and_then(|mut records| {
+                    records.find_map(|r| {
+                        let r = r.ok()?;
+                        (r.key().ok()? == PAX_CONTENT_HASH)
+                            .then(|| r.value().ok().map(str::to_owned))?
+                    })
+                })
+                .ok_or_else(|| {
+                    ServiceError::BadRequest(format!("archive: {name} has no content hash"))
+                })?;
+            let size = entry.size();
+            let blob_key = BlobStore::new_key(user);
+            let mut writer = stores.blobs.writer(&blob_key);
+            let mut hasher = blake3::Hasher::new();
+            let mut buffer = vec![0u8; 256 * 1024];
+            let copied: Result<(), ServiceError> = (|| {
+                loop {
+                    let n = entry.read(&mut buffer).map_err(io_error)?;
+                    if n == 0 {
+                        return Ok(());
+                    }
+                    hasher.update(&buffer[..n]);
+                    handle.block_on(writer.write(Bytes::copy_from_slice(&buffer[..n])))?;
+                }
+            })();
+            let actual = STANDARD.encode(hasher.finalize().as_bytes());
+            let checked = copied.and_then(|()| {
+                if actual == expected {
+                    Ok(())
+                } else {
+                    Err(ServiceError::BadRequest(format!(
+                        "archive: {name}: the value does not match its hash (damaged archive); \
+                         nothing was stored for it"
+                    )))
+                }
+            });
+            if let Err(e) = checked {
+                handle.block_on(writer.abort());
+                return Err(e);
+            }
+            handle.block_on(writer.finish())?;
+            let content_hash = *hasher.finalize().as_bytes();
+            let outcome = handle.block_on(stores.metadata.commit_put(
+                NewEntry {
+                    user,
+                    path: path.as_str(),
+                    blob_key: &blob_key,
+                    size,
+                    content_hash,
+                    now: now_secs(),
+                    default_quota,
+                },
+                None,
+            ));
+            match outcome {
+                Ok(PutOutcome::Committed { replaced_blob, .. }) => {
+                    if let Some(old) = replaced_blob {
+                        let _ = handle.block_on(stores.blobs.delete(&old));
+                    }
+                }
+                other => {
+                    let _ = handle.block_on(stores.blobs.delete(&blob_key));
+                    return Err(match other {
+                        Ok(PutOutcome::QuotaExceeded(q)) => ServiceError::QuotaExceeded {
+                            used: q.used,
+                            quota: q.quota,
+                            needed: q.needed,
+                        },
+                        Ok(o) => ServiceError::Forbidden(format!("{name}: {o:?}")),
+                        Err(e) => e.into(),
+                    });
+                }
+            }
+            summary.entries += 1;
+            summary.bytes += size;
+            progress.advance(size);
+        }
+        if user.is_none() {
+            return Err(ServiceError::BadRequest(
+                "archive: no manifest.json (not a homeserver export)".into(),
+            ));
+        }
+        Ok(summary)
+    })
+    .await
+    .map_err(|e| ServiceError::Internal(format!("import task: {e}")))?
+}
+
+/// Signs `user` up if they are not (an import needs no token: the operator runs it).
+async fn ensure_user(metadata: &dyn MetadataStore, user: &str) -> Result<(), ServiceError> {
+    if metadata.user(user).await?.is_some() {
+        return Ok(());
+    }
+    let mut id = [0u8; 32];
+    getrandom::fill(&mut id).map_err(|e| ServiceError::Internal(e.to_string()))?;
+    let mark = ReplayMark {
+        signature_id: id,
+        expires_at: now_secs() + 60,
+    };
+    match metadata.sign_up(user, None, now_secs(), mark).await? {
+        SignupOutcome::Created { .. } | SignupOutcome::AlreadyExists { .. } => Ok(()),
+        other => Err(ServiceError::Internal(format!(
+            "signing {user} up: {other:?}"
+        ))),
+    }
+}
+
+// ---------------------------------------------------------------------------------------
+// migrate
+
+#[derive(Debug, Clone, Default, Serialize)]
+pub struct MigrateSummary {
+    pub users: u64,
+    pub entries: u64,
+    pub bytes: u64,
+    /// Values already on the target (an earlier, interrupted run copied them).
+    pub blobs_skipped: u64,
+    pub events: u64,
+    pub signup_tokens: u64,
+    pub sessions: u64,
+}
+
+/// Copies everything from `from` to `to`: users, values (blob keys kept), entries with
+/// their timestamps, the event log with its cursors (so feed readers continue where
+/// they were), signup tokens and sessions. Rows are upserts and a value already on the
+/// target (same key and size) is not sent again, so an interrupted run just runs
+/// again. Run it with the servers stopped (on local stores the locks make sure).
+pub async fn migrate(
+    from: &Stores,
+    to: &Stores,
+    progress: &dyn Progress,
+) -> Result<MigrateSummary, ServiceError> {
+    let mut summary = MigrateSummary::default();
+    let stats = from.metadata.stats().await?;
+    progress.set_total(stats.total_storage);
+
+    progress.message("users and values");
+    all_users(from.metadata.as_ref(), async |users| {
+        // Users first (entries refer to them), with their usage as it will be once
+        // their entries are copied.
+        to.metadata.copy_users(&users).await?;
+        summary.users += users.len() as u64;
+        for user in users {
+            all_entries(from.metadata.as_ref(), &user.public_key, async |entries| {
+                for entry in &entries {
+                    // The value before the entry that points at it.
+                    if to.blobs.size_of(&entry.blob_key).await? == Some(entry.size) {
+                        summary.blobs_skipped += 1;
+                    } else {
+                        copy_blob(&from.blobs, &to.blobs, entry).await?;
+                    }
+                    summary.bytes += entry.size;
+                    progress.advance(entry.size);
+                }
+                to.metadata.copy_entries(&user.public_key, &entries).await?;
+                summary.entries += entries.len() as u64;
+                Ok(())
+            })
+            .await?;
+        }
+        Ok(())
+    })
+    .await?;
+
+    progress.message("event log");
+    let mut after = to.metadata.latest_cursor().await?;
+    loop {
+        let events = from
+            .metadata
+            .events(EventQuery {
+                users: &[],
+                after,
+                up_to: i64::MAX as u64,
+                path_prefix: None,
+                limit: 1000,
+            })
+            .await?;
+        let Some(last) = events.last() else { break };
+        after = last.cursor;
+        to.metadata.copy_events(&events).await?;
+        summary.events += events.len() as u64;
+    }
+
+    progress.message("signup tokens and sessions");
+    let mut after = String::new();
+    loop {
+        let tokens = from.metadata.signup_tokens_after(&after, PAGE).await?;
+        let Some(last) = tokens.last() else { break };
+        after = last.token.clone();
+        to.metadata.copy_signup_tokens(&tokens).await?;
+        summary.signup_tokens += tokens.len() as u64;
+    }
+    let mut after = [0u8; 32];
+    loop {
+        let sessions = from.metadata.sessions_after(&after, PAGE).await?;
+        let Some(last) = sessions.last() else { break };
+        after = last.token_hash;
+        to.metadata.copy_sessions(&sessions).await?;
+        summary.sessions += sessions.len() as u64;
+    }
+    Ok(summary)
+}
+
+/// Streams one value from one blob store to another under the same key.
+async fn copy_blob(
+    from: &BlobStore,
+    to: &BlobStore,
+    entry: &EntryRecord,
+) -> Result<(), ServiceError> {
+    let mut stream = from.get(&entry.blob_key, entry.size).await?;
+    let mut writer = to.writer(&entry.blob_key);
+    let mut copied = 0u64;
+    while let Some(chunk) = stream.next().await {
+        match chunk {
+            Ok(chunk) => {
+                copied += chunk.len() as u64;
+                writer.write(chunk).await?;
+            }
+            Err(e) => {
+                writer.abort().await;
+                return Err(e.into());
+            }
+        }
+    }
+    if copied != entry.size {
+        writer.abort().await;
+        return Err(ServiceError::Internal(format!(
+            "blob {} has {copied} bytes, its entry says {}",
+            entry.blob_key, entry.size
+        )));
+    }
+    writer.finish().await?;
+    Ok(())
+}

@@ -1,0 +1,41 @@
+//! The scale-out example of docs/deploy.md (docs/examples/scale-out.toml) is a working
+//! configuration: it loads, and a server started from it (its database, S3 endpoint,
+//! addresses and file paths pointed at this test's) serves.
+
+use homeserver::Config;
+
+use crate::backend::{PgDatabase, S3Server};
+use crate::fixture::*;
+
+#[tokio::test]
+async fn the_scale_out_example_starts_and_serves() {
+    let example =
+        std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../../docs/examples/scale-out.toml");
+    let mut config = Config::load_file_only(&example).expect("the example is a valid config");
+    assert_eq!(config.storage.database_url.backend(), "postgres");
+    assert_eq!(config.storage.blobs.backend(), "s3");
+
+    let Some(db) = PgDatabase::or_skip("the_scale_out_example_starts_and_serves") else {
+        return;
+    };
+    let Some(s3) = S3Server::or_skip("the_scale_out_example_starts_and_serves") else {
+        return;
+    };
+    let dir = tempfile::tempdir().unwrap();
+    let local = test_config(dir.path());
+    // What differs on this machine: addresses, paths, the servers' locations.
+    config.http.listen = local.http.listen;
+    config.admin = local.admin.clone();
+    config.metrics = local.metrics.clone();
+    config.keys = local.keys.clone();
+    config.policies = local.policies.clone();
+    config.storage.database_url = db.url.clone();
+    config.storage.blobs = format!("s3://{}", s3.new_bucket()).parse().unwrap();
+    config.s3 = s3.settings();
+    config.rate_limit.trusted_proxies = vec![];
+    let host = TestHost::start_in(dir, config).await;
+    let alice = host.user().await;
+    assert_eq!(host.put(&alice, "/pub/hello", b"world").await.status(), 200);
+    let r = host.public_get(&alice, "/pub/hello").await;
+    assert_eq!(r.text().await.unwrap(), "world");
+}

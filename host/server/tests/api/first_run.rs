@@ -1,0 +1,305 @@
+//! What a new operator meets first: a broken policy module at start, a second server on
+//! the same data, and the messages of the admin API, sessions and signup tokens.
+
+use homeserver::config::{PolicyStartMode, SignupMode};
+use homeserver::{Config, Homeserver};
+use homeserver_protocol::{ErrorCode, Keypair};
+use reqwest::{Method, StatusCode};
+use serde_json::Value;
+
+use crate::fixture::*;
+
+/// A config under a fresh dir whose capability-policy module is garbage.
+fn broken_policy_config(dir: &std::path::Path) -> Config {
+    let policies = dir.join("policies");
+    std::fs::create_dir_all(&policies).unwrap();
+    std::fs::write(policies.join("broken.wasm"), b"\0asm garbage").unwrap();
+    std::fs::write(
+        policies.join("policies.toml"),
+        "[capability-policy]\nmodule = \"broken.wasm\"\n",
+    )
+    .unwrap();
+    test_config(dir)
+}
+
+#[tokio::test]
+async fn a_broken_policy_module_at_start_stops_the_server() {
+    let dir = tempfile::tempdir().unwrap();
+    let config = broken_policy_config(dir.path());
+    let error = match Homeserver::start(config).await {
+        Ok(_) => panic!("a server with a broken capability policy must not start"),
+        Err(e) => e.to_string(),
+    };
+    assert!(error.contains("capability-policy"), "{error}");
+    assert!(error.contains("broken.wasm"), "{error}");
+    assert!(error.contains("on_start_error"), "{error}");
+    // Nothing is left locked: a fixed start on the same data works.
+    std::fs::remove_file(dir.path().join("policies/policies.toml")).unwrap();
+    let config = test_config(dir.path());
+    let host = TestHost::start_in(dir, config).await;
+    host.user().await;
+}
+
+#[tokio::test]
+async fn safe_default_mode_starts_and_answers_503_until_fixed() {
+    let dir = tempfile::tempdir().unwrap();
+    let mut config = broken_policy_config(dir.path());
+    config.policies.on_start_error = PolicyStartMode::SafeDefault;
+    let host = TestHost::start_in(dir, config).await;
+
+    // Signup is not decided by the policy; reads and writes of one's own data are.
+    let alice = host.user().await;
+    let body = expect_error(
+        host.put(&alice, "/pub/a.txt", b"hi").await,
+        503,
+        ErrorCode::ServiceUnavailable,
+    )
+    .await;
+    assert!(body.message.contains("capability policy"), "{body:?}");
+    assert!(
+        !body.message.contains("broken.wasm"),
+        "no file paths: {body:?}"
+    );
+    expect_error(
+        host.get(&alice, "/pub/a.txt").await,
+        503,
+        ErrorCode::ServiceUnavailable,
+    )
+    .await;
+
+    // The admin API says why.
+    let admin = host.server().admin_addr().unwrap();
+    let status: Value = expect_ok_json(
+        host.http
+            .get(format!("http://{admin}/admin/policies"))
+            .bearer_auth(ADMIN_PASSWORD)
+            .send()
+            .await
+            .unwrap(),
+    )
+    .await;
+    let slot = status["slots"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|s| s["slot"] == "capability-policy")
+        .unwrap()
+        .clone();
+    assert_eq!(slot["serving"], false, "{slot}");
+    assert!(
+        slot["last_error"].as_str().unwrap().contains("broken.wasm"),
+        "{slot}"
+    );
+
+    // Fixed (back to the built-in guest) and reloaded: served again.
+    std::fs::remove_file(host.dir.path().join("policies/policies.toml")).unwrap();
+    let report: Value = expect_ok_json(
+        host.http
+            .post(format!("http://{admin}/admin/policies/reload"))
+            .bearer_auth(ADMIN_PASSWORD)
+            .send()
+            .await
+            .unwrap(),
+    )
+    .await;
+    assert_eq!(report["ok"], true, "{report}");
+    assert_eq!(host.put(&alice, "/pub/a.txt", b"hi").await.status(), 200);
+}
+
+#[tokio::test]
+async fn a_second_server_on_the_same_data_is_refused() {
+    let host = TestHost::start().await;
+    let alice = host.user().await;
+    assert_eq!(host.put(&alice, "/pub/a.txt", b"one").await.status(), 200);
+
+    // Same database and blob folder, other ports.
+    let config = test_config(host.dir.path());
+    let local_db = !crate::backend::Backend::current().shared();
+    let local_blobs = matches!(
+        config.storage.blobs,
+        homeserver::persistence::BlobsUrl::File(_)
+    );
+    match Homeserver::start(config).await {
+        // PostgreSQL + S3 are made for several instances: nothing to refuse.
+        Ok(second) if !local_db && !local_blobs => second.shutdown().await,
+        Ok(_) => panic!("two servers on one data directory"),
+        Err(e) => {
+            let error = e.to_string();
+            assert!(error.contains("in use by another homeserver"), "{error}");
+            if local_db {
+                assert!(error.contains("hs.db"), "{error}");
+            }
+            assert!(
+                error.contains(&format!("pid {}", std::process::id())),
+                "{error}"
+            );
+        }
+    }
+
+    // Another database on the same blob folder: refused too (each server's sweep
+    // would delete the other's blobs). An object store is made for sharing.
+    let mut config = test_config(host.dir.path());
+    config.storage.database_url = format!("sqlite://{}/other.db", host.dir.path().display())
+        .parse()
+        .unwrap();
+    if local_blobs {
+        let error = match Homeserver::start(config).await {
+            Ok(_) => panic!("two servers on one blob folder"),
+            Err(e) => e.to_string(),
+        };
+        assert!(error.contains("blob folder"), "{error}");
+    }
+
+    // The first one served on untouched; once it stopped, its data opens again.
+    assert_eq!(host.get(&alice, "/pub/a.txt").await.status(), 200);
+    let dir = host.stop().await;
+    let config = test_config(dir.path());
+    let host = TestHost::start_in(dir, config).await;
+    let r = host.get(&alice, "/pub/a.txt").await;
+    assert_eq!(r.status(), 200);
+    assert_eq!(r.text().await.unwrap(), "one");
+}
+
+#[tokio::test]
+async fn admin_messages_say_what_is_wrong() {
+    let host = TestHost::start().await;
+    let admin = host.server().admin_addr().unwrap();
+    let url = format!("http://{admin}/admin/stats");
+    let missing = expect_error(
+        host.http.get(&url).send().await.unwrap(),
+        401,
+        ErrorCode::InvalidSignature,
+    )
+    .await;
+    assert!(
+        missing.message.contains("needs the admin password"),
+        "{missing:?}"
+    );
+    let wrong = expect_error(
+        host.http
+            .get(&url)
+            .bearer_auth("nope")
+            .send()
+            .await
+            .unwrap(),
+        401,
+        ErrorCode::InvalidSignature,
+    )
+    .await;
+    assert!(wrong.message.contains("wrong admin password"), "{wrong:?}");
+}
+
+#[tokio::test]
+async fn an_empty_quota_body_does_not_reset_a_quota() {
+    let host = TestHost::start().await;
+    let alice = host.user().await;
+    let admin = host.server().admin_addr().unwrap();
+    let url = format!("http://{admin}/admin/users/{}/quota", alice.public_key());
+    let set = |body: &'static str| {
+        host.http
+            .put(&url)
+            .bearer_auth(ADMIN_PASSWORD)
+            .header("content-type", "application/json")
+            .body(body)
+            .send()
+    };
+    let user: Value = expect_ok_json(set(r#"{"quota_bytes": 5}"#).await.unwrap()).await;
+    assert_eq!(user["storage_quota"], 5, "{user}");
+    for bad in ["", "{}", r#"{"quota": 7}"#] {
+        expect_error(set(bad).await.unwrap(), 400, ErrorCode::BadRequest).await;
+    }
+    let user: Value = expect_ok_json(
+        host.http
+            .get(format!("http://{admin}/admin/users/{}", alice.public_key()))
+            .bearer_auth(ADMIN_PASSWORD)
+            .send()
+            .await
+            .unwrap(),
+    )
+    .await;
+    assert_eq!(user["storage_quota"], 5, "unchanged: {user}");
+    // null is the explicit way back to the default.
+    let user: Value = expect_ok_json(set(r#"{"quota_bytes": null}"#).await.unwrap()).await;
+    assert_ne!(user["storage_quota"], 5, "{user}");
+}
+
+#[tokio::test]
+async fn lower_case_signup_tokens_are_accepted() {
+    let host = TestHost::start_with(|c| c.signup.mode = SignupMode::Token).await;
+    let admin = host.server().admin_addr().unwrap();
+    let body: Value = expect_ok_json(
+        host.http
+            .post(format!("http://{admin}/admin/signup_tokens"))
+            .bearer_auth(ADMIN_PASSWORD)
+            .send()
+            .await
+            .unwrap(),
+    )
+    .await;
+    let token = body["token"].as_str().unwrap().to_ascii_lowercase();
+    let status: Value = expect_ok_json(
+        host.request(Method::GET, &format!("/signup_tokens/{token}"))
+            .send()
+            .await
+            .unwrap(),
+    )
+    .await;
+    assert_eq!(status["status"], "valid");
+    let key = Keypair::random();
+    let r = host
+        .signed(
+            &key,
+            Method::POST,
+            &format!("/signup?signup_token={token}"),
+            b"",
+        )
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(r.status(), StatusCode::CREATED);
+    let status: Value = expect_ok_json(
+        host.request(
+            Method::GET,
+            &format!("/signup_tokens/{}", token.to_uppercase()),
+        )
+        .send()
+        .await
+        .unwrap(),
+    )
+    .await;
+    assert_eq!(status["status"], "used");
+}
+
+#[tokio::test]
+async fn a_revoked_session_says_so() {
+    let host = TestHost::start().await;
+    let alice = host.user().await;
+    let body = br#"{"capabilities": ["read:/pub/"]}"#;
+    let session: Value = expect_ok_json(
+        host.signed(&alice, Method::POST, "/auth/session", body)
+            .header("content-type", "application/json")
+            .send()
+            .await
+            .unwrap(),
+    )
+    .await;
+    let token = session["token"].as_str().unwrap();
+    let r = host
+        .request(Method::DELETE, "/auth/session")
+        .bearer_auth(token)
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(r.status(), 204);
+    let e = expect_error(
+        host.request(Method::GET, "/pub/")
+            .bearer_auth(token)
+            .send()
+            .await
+            .unwrap(),
+        401,
+        ErrorCode::InvalidSignature,
+    )
+    .await;
+    assert!(e.message.contains("revoked session"), "{e:?}");
+}
