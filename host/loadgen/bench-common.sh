@@ -50,6 +50,13 @@ stop() {
 
 # Whether the homeserver's embedded defaults have a `[NAME]` section.
 has_section() { grep -q "^\[$1\]" "$ROOT/host/server/config.default.toml" 2>/dev/null; }
+# Whether the server's defaults have the key $1 (any section), e.g. max_streams_per_ip.
+has_key() { grep -q "^$1 = " "$ROOT/host/server/config.default.toml" 2>/dev/null; }
+# Every load comes from loopback: lift the per-address connection and stream caps.
+lift_per_ip_limits() {
+    if has_key max_connections_per_ip; then export HOMESERVER__HTTP__MAX_CONNECTIONS_PER_IP=0; fi
+    if has_key max_streams_per_ip; then export HOMESERVER__HTTP__MAX_STREAMS_PER_IP=0; fi
+}
 
 port_open() { (exec 3<>"/dev/tcp/127.0.0.1/$1") 2>/dev/null; }
 

@@ -90,6 +90,7 @@ start_server() {
         if has_section rate_limit; then
             export HOMESERVER__RATE_LIMIT__ENABLED=false
         fi
+        lift_per_ip_limits
         exec "$HOMESERVER"
     ) >"$dir/homeserver.log" 2>&1 &
     SERVER_PID=$!

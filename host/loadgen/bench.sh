@@ -147,6 +147,7 @@ start_homeserver() {
         if has_section rate_limit; then
             export HOMESERVER__RATE_LIMIT__ENABLED=false
         fi
+        lift_per_ip_limits
         [[ ${#S3_ENV[@]} -eq 0 ]] || export "${S3_ENV[@]}"
         exec "$HOMESERVER"
     ) >"$TMP/homeserver-$n.log" 2>&1 &

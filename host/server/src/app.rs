@@ -29,9 +29,9 @@ use crate::{admin_server, client_server, metrics_server, serve, tls};
 
 /// How often expired replay marks are purged.
 const REPLAY_PURGE_INTERVAL: Duration = Duration::from_secs(60);
-/// How often unreferenced blobs are swept, and how old one must be to go.
+/// How often unreferenced blobs are swept (how old one must be to go:
+/// `Config::orphan_min_age`).
 const BLOB_SWEEP_INTERVAL: Duration = Duration::from_secs(3600);
-const BLOB_SWEEP_MIN_AGE: Duration = Duration::from_secs(600);
 
 #[derive(Debug, thiserror::Error)]
 pub enum StartError {
@@ -81,6 +81,7 @@ pub struct AppContext {
     pub policy: Arc<PolicyRuntime>,
     pub metrics: Arc<Metrics>,
     pub rate_limits: RateLimits,
+    pub stream_slots: crate::stream_slots::StreamSlots,
     pub server_key: Keypair,
     /// Users known to exist (a positive cache for rate limiting: keys are free to make,
     /// so only signed-up users get a bucket of their own).
@@ -125,6 +126,7 @@ impl AppContext {
             max_value_bytes: config.storage.max_value_bytes,
             quota_bytes: config.storage.quota_bytes,
             body_idle_timeout: Duration::from_secs(config.http.body_idle_timeout_secs),
+            upload_timeout: Duration::from_secs(config.http.upload_timeout_secs),
             unproven_upload_memory_bytes: config.http.unproven_upload_memory_bytes,
         };
         let policy = Arc::new(load_policies(&config).await?);
@@ -157,6 +159,7 @@ impl AppContext {
             metrics: Arc::new(Metrics::new(Some(policy.clone()))?),
             policy,
             rate_limits: RateLimits::new(&config.rate_limit),
+            stream_slots: crate::stream_slots::StreamSlots::new(config.http.max_streams_per_ip),
             events,
             signup: SignupService::new(metadata.clone(), config.signup.mode),
             metadata,
@@ -225,7 +228,7 @@ impl Homeserver {
             http_transport,
             client_server::router(context.clone()),
             shutdown.clone(),
-            limits,
+            limits.clone(),
             context.metrics.open_connections("http"),
         ));
         tracing::info!(
@@ -247,7 +250,7 @@ impl Homeserver {
                 serve::Transport::Tls(tls::raw_public_key_config(&context.server_key)),
                 client_server::router(context.clone()),
                 shutdown.clone(),
-                limits,
+                limits.clone(),
                 context.metrics.open_connections("tls"),
             ));
             tracing::info!(listener = "tls", %address, "listening (raw-public-key TLS)");
@@ -261,7 +264,7 @@ impl Homeserver {
                     serve::Transport::Plain,
                     admin_server::router(context.clone()),
                     shutdown.clone(),
-                    limits,
+                    limits.clone(),
                     context.metrics.open_connections("admin"),
                 ));
                 tracing::info!(listener = "admin", %address, "listening");
@@ -276,7 +279,7 @@ impl Homeserver {
                 serve::Transport::Plain,
                 metrics_server::router(context.clone()),
                 shutdown.clone(),
-                limits,
+                limits.clone(),
                 context.metrics.open_connections("metrics"),
             ));
             tracing::info!(listener = "metrics", %address, "listening");
@@ -481,6 +484,10 @@ fn connection_limits(config: &Config) -> serve::ConnectionLimits {
         header_read_timeout: Duration::from_secs(config.http.header_read_timeout_secs),
         idle_timeout: Duration::from_secs(config.http.idle_timeout_secs),
         max_connections,
+        per_ip: serve::PerIpLimit {
+            max: config.http.max_connections_per_ip,
+            exempt: Arc::new(config.rate_limit.trusted_proxies.iter().copied().collect()),
+        },
     }
 }
 
@@ -528,7 +535,7 @@ async fn sweep_blobs(context: Arc<AppContext>, stop: CancellationToken) {
         }
         match context
             .blobs
-            .sweep(context.metadata.as_ref(), BLOB_SWEEP_MIN_AGE)
+            .sweep(context.metadata.as_ref(), context.config.orphan_min_age())
             .await
         {
             Ok(0) => {}

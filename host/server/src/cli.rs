@@ -38,9 +38,11 @@ pub enum Command {
         #[arg(long)]
         repair: bool,
         /// Only values unreferenced for this many seconds count as orphans (younger ones
-        /// may be uploads in flight on a running server).
-        #[arg(long, default_value_t = 600, value_name = "SECONDS")]
-        min_orphan_age: u64,
+        /// may be uploads in flight on a running server). Default: what the server's
+        /// own sweep waits, the larger of 600 and http.upload_timeout_secs + 2 x
+        /// storage.timeout_secs + 60.
+        #[arg(long, value_name = "SECONDS")]
+        min_orphan_age: Option<u64>,
         /// Print the report as JSON.
         #[arg(long)]
         json: bool,

@@ -43,8 +43,16 @@ pub struct HttpConfig {
     pub idle_timeout_secs: u64,
     /// Open connections at most, per listener.
     pub max_connections: usize,
+    /// Open connections one client address may hold, per listener (trusted proxies
+    /// are exempt); 0 = only `max_connections`.
+    pub max_connections_per_ip: usize,
+    /// Event streams (`/events-stream`) one client address may have open at once;
+    /// 0 = no limit of their own.
+    pub max_streams_per_ip: usize,
     /// Seconds an upload may send no body bytes before it is dropped.
     pub body_idle_timeout_secs: u64,
+    /// Seconds a whole upload may take, however steadily it sends.
+    pub upload_timeout_secs: u64,
     /// Bytes all signed uploads without a declared digest may hold in memory at once.
     pub unproven_upload_memory_bytes: usize,
     /// PEM certificate chain: when set with `tls_key_file`, the plain listener speaks
@@ -333,6 +341,14 @@ impl Config {
         Ok(())
     }
 
+    /// How old an unreferenced blob must be before the sweep (or `fsck`) may delete it:
+    /// older than any upload still in flight on any instance can be, with its commit
+    /// (an S3 multipart object is dated when its upload began), and at least 10 min.
+    pub fn orphan_min_age(&self) -> std::time::Duration {
+        let in_flight = self.http.upload_timeout_secs + 2 * self.storage.timeout_secs + 60;
+        std::time::Duration::from_secs(in_flight.max(600))
+    }
+
     /// Checks the rules no type expresses (limits at least 1, keys that go together).
     pub fn validate(&self) -> Result<(), ConfigError> {
         let storage = &self.storage;
@@ -367,6 +383,7 @@ impl Config {
                 "http.body_idle_timeout_secs",
                 self.http.body_idle_timeout_secs,
             ),
+            ("http.upload_timeout_secs", self.http.upload_timeout_secs),
             ("http.max_connections", self.http.max_connections as u64),
             ("storage.timeout_secs", self.storage.timeout_secs),
             ("storage.pool_size", u64::from(self.storage.pool_size)),

@@ -4,7 +4,8 @@
 //! [`metrics_server`]) → [`service`] (the rules) → [`persistence`] (sqlx metadata,
 //! object_store blobs). [`app`] builds the context and runs the listeners ([`serve`],
 //! with [`tls`] for the raw-public-key and X.509 listeners);
-//! [`config`] loads settings; [`rate_limit`] and [`metrics`] wrap client requests;
+//! [`config`] loads settings; [`rate_limit`] and [`metrics`] wrap client requests, and
+//! [`stream_slots`] caps each address's open event streams;
 //! [`policy_cli`] and [`maintenance_cli`] are the command-line tools (guests; fsck,
 //! export, import, migrate); `main.rs` only parses the command line.
 
@@ -22,6 +23,7 @@ pub mod rate_limit;
 pub mod serve;
 pub mod server_key;
 pub mod service;
+pub mod stream_slots;
 pub mod tls;
 
 pub use app::{AppContext, Homeserver, StartError};

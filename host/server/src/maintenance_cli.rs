@@ -82,10 +82,14 @@ async fn execute(config: Config, command: Command) -> Result<ExitCode, String> {
         } => {
             let (stores, _lock) = open(&config).await?;
             let bar = Bar::new();
-            let report =
-                maintenance::fsck(&stores, repair, Duration::from_secs(min_orphan_age), &bar)
-                    .await
-                    .map_err(|e| e.to_string())?;
+            let report = maintenance::fsck(
+                &stores,
+                repair,
+                min_orphan_age.map_or_else(|| config.orphan_min_age(), Duration::from_secs),
+                &bar,
+            )
+            .await
+            .map_err(|e| e.to_string())?;
             bar.0.finish_and_clear();
             if json {
                 let text = serde_json::to_string_pretty(&report).map_err(|e| e.to_string())?;

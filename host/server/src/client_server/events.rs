@@ -2,6 +2,7 @@
 //! Every bad request is answered with a 400 JSON error before any stream starts.
 
 use std::convert::Infallible;
+use std::net::IpAddr;
 use std::time::Duration;
 
 use axum::Json;
@@ -17,6 +18,7 @@ use homeserver_protocol::{ErrorCode, PublicKey, StoragePath};
 use super::AppState;
 use super::error::ApiError;
 use super::extract::url_query_pairs;
+use super::middleware::ClientIp;
 use crate::service::events::{
     DEFAULT_FEED_LIMIT, MAX_FEED_LIMIT, MAX_STREAM_USERS, Subscription, UserCursor, to_wire,
 };
@@ -81,6 +83,20 @@ pub async fn stream(State(app): State<AppState>, request: Request) -> Response {
         Ok(s) => s,
         Err(e) => return e.into_response(),
     };
+    let ip = request
+        .extensions()
+        .get::<ClientIp>()
+        .map_or(IpAddr::from([127, 0, 0, 1]), |c| c.0);
+    let Some(slot) = app.stream_slots.acquire(ip) else {
+        return ApiError::new(
+            ErrorCode::RateLimitExceeded,
+            format!(
+                "{} event streams are open from your address already: close one first",
+                app.stream_slots.per_ip()
+            ),
+        )
+        .into_response();
+    };
     let batches = match app.events.subscribe(subscription).await {
         Ok(b) => b,
         Err(e) => return ApiError::from(e).into_response(),
@@ -89,9 +105,10 @@ pub async fn stream(State(app): State<AppState>, request: Request) -> Response {
     // write), made of frames the hub serialized once for every subscriber; a comment
     // line when nothing was sent for a while keeps idle streams open through proxies.
     let keep_alive = tokio::time::interval_at(tokio::time::Instant::now() + KEEP_ALIVE, KEEP_ALIVE);
+    // The slot goes back when the body is dropped (the client left, or shutdown).
     let body = futures_util::stream::unfold(
-        (Box::pin(batches), keep_alive),
-        |(mut batches, mut keep_alive)| async move {
+        (Box::pin(batches), keep_alive, slot),
+        |(mut batches, mut keep_alive, slot)| async move {
             let chunk = tokio::select! {
                 batch = batches.next() => match batch? {
                     Ok(events) => {
@@ -111,7 +128,7 @@ pub async fn stream(State(app): State<AppState>, request: Request) -> Response {
                 },
                 _ = keep_alive.tick() => Bytes::from_static(b":\n\n"),
             };
-            Some((Ok::<_, Infallible>(chunk), (batches, keep_alive)))
+            Some((Ok::<_, Infallible>(chunk), (batches, keep_alive, slot)))
         },
     );
     (

@@ -18,6 +18,11 @@ use crate::rate_limit::{Caller, Decision};
 use crate::service::auth::{Credentials, check_fresh};
 use crate::service::now_secs;
 
+/// The client's address as the rate limits see it (a trusted proxy's
+/// `X-Forwarded-For`, else the peer), for handlers with per-address limits of their own.
+#[derive(Debug, Clone, Copy)]
+pub struct ClientIp(pub IpAddr);
+
 /// The path of the signup-token check, which has its own limit.
 const SIGNUP_TOKENS_PREFIX: &str = "/signup_tokens/";
 
@@ -34,6 +39,7 @@ pub async fn observe_and_limit(
         .map(|c| c.0)
         .unwrap_or_else(|| SocketAddr::from((Ipv4Addr::LOCALHOST, 0)));
     let ip = app.rate_limits.client_ip(peer, request.headers());
+    request.extensions_mut().insert(ClientIp(ip));
 
     let limited = if request.uri().path().starts_with(SIGNUP_TOKENS_PREFIX) {
         Some((app.rate_limits.check_token_lookup(ip), "signup_token_check"))

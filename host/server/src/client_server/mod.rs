@@ -8,6 +8,7 @@ pub mod extract;
 pub mod middleware;
 pub mod session;
 pub mod signup;
+pub mod small_body;
 pub mod storage;
 pub mod unread_body;
 

@@ -2,7 +2,6 @@
 //! `DELETE /auth/session` (Bearer: revoke it, 204).
 
 use axum::Json;
-use axum::body::to_bytes;
 use axum::extract::{Request, State};
 use axum::http::StatusCode;
 use axum::response::{IntoResponse, Response};
@@ -11,11 +10,9 @@ use homeserver_protocol::ErrorCode;
 use super::AppState;
 use super::error::ApiError;
 use super::extract::request_info;
+use super::small_body::read_small_body;
 use crate::service::auth::Credentials;
 use crate::service::sessions::SessionInfo;
-
-/// Largest session request body.
-const MAX_BODY: usize = 64 * 1024;
 
 pub async fn create(State(app): State<AppState>, request: Request) -> Response {
     into_response(create_session(app, request).await)
@@ -30,12 +27,12 @@ async fn create_session(app: AppState, request: Request) -> Result<Response, Api
             "a session is minted by a signed request (Authorization: Pk ...), not by a session",
         ));
     };
-    let body = to_bytes(body, MAX_BODY).await.map_err(|_| {
-        ApiError::new(
-            ErrorCode::PayloadTooLarge,
-            format!("session request is larger than {MAX_BODY} bytes"),
-        )
-    })?;
+    let body = read_small_body(
+        body,
+        app.storage.limits().body_idle_timeout,
+        "session request",
+    )
+    .await?;
     let created = app
         .access
         .sessions()

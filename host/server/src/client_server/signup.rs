@@ -1,7 +1,6 @@
 //! `POST /signup[?signup_token=T]`: a signed request registers its signer.
 
 use axum::Json;
-use axum::body::{Body, to_bytes};
 use axum::extract::{Request, State};
 use axum::http::StatusCode;
 use axum::response::{IntoResponse, Response};
@@ -10,10 +9,8 @@ use homeserver_protocol::{BodyHash, ErrorCode};
 use super::AppState;
 use super::error::ApiError;
 use super::extract::{request_info, url_query_pairs};
+use super::small_body::read_small_body;
 use crate::service::auth::Credentials;
-
-/// Largest body a signup may carry (it needs none).
-const MAX_SIGNUP_BODY: usize = 64 * 1024;
 
 pub async fn handle(State(app): State<AppState>, request: Request) -> Response {
     match sign_up(app, request).await {
@@ -31,7 +28,7 @@ async fn sign_up(app: AppState, request: Request) -> Result<Response, ApiError> 
             "signup needs a signed request (Authorization: Pk ...)",
         ));
     };
-    let body = read_small_body(body).await?;
+    let body = read_small_body(body, app.storage.limits().body_idle_timeout, "signup").await?;
     let token = parts.uri.query().and_then(|q| {
         url_query_pairs(q)
             .find(|(k, _)| k == "signup_token")
@@ -52,15 +49,6 @@ async fn sign_up(app: AppState, request: Request) -> Result<Response, ApiError> 
         StatusCode::OK
     };
     Ok((status, Json(signup.result)).into_response())
-}
-
-async fn read_small_body(body: Body) -> Result<bytes::Bytes, ApiError> {
-    to_bytes(body, MAX_SIGNUP_BODY).await.map_err(|_| {
-        ApiError::new(
-            ErrorCode::PayloadTooLarge,
-            format!("signup body is larger than {MAX_SIGNUP_BODY} bytes"),
-        )
-    })
 }
 
 /// `GET /signup_tokens/{token}`: whether a token is valid or used.

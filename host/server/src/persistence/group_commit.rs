@@ -15,8 +15,11 @@
 //! lock, so batches of several instances on PostgreSQL take row locks in one order and
 //! cannot deadlock; the events (and PostgreSQL's events lock) come last, so that lock is
 //! held only from the batch's last statement to its commit. If a batch fails (a broken
-//! connection, a statement that fails), nothing of it committed, and each of its
-//! procedures runs again alone, so one bad request cannot fail the others.
+//! connection, a statement that fails) before its commit, nothing of it committed, and
+//! each of its procedures runs again alone, so one bad request cannot fail the others.
+//! If the commit itself fails, the batch may have committed (the answer was lost), so
+//! nothing runs again: every caller gets `Unavailable` and must treat the outcome as
+//! unknown (the write path leaves the new blob to the sweep unless it is unreferenced).
 //!
 //! Under light load a batch holds one procedure, and the cost is one channel hop.
 
@@ -28,7 +31,7 @@ use tokio::sync::{mpsc, oneshot};
 
 use super::metadata::{
     EntryRecord, MetadataStore, NewEvent, Procedure, ProcedureOutput, ReplayMark, SessionRecord,
-    StoreError, TokenRedemption, UserRecord, WriteTx, run_alone,
+    StoreError, TokenRedemption, UserRecord, WriteTx,
 };
 
 /// Procedures in one transaction at most.
@@ -47,10 +50,29 @@ pub struct CommitQueue {
     writer: tokio::task::JoinHandle<()>,
 }
 
+/// What the writer needs of a store: transactions.
+#[async_trait]
+trait Transactions: Send + Sync {
+    async fn begin_write(&self) -> Result<Box<dyn WriteTx>, StoreError>;
+}
+
+struct StoreTransactions(Arc<dyn MetadataStore>);
+
+#[async_trait]
+impl Transactions for StoreTransactions {
+    async fn begin_write(&self) -> Result<Box<dyn WriteTx>, StoreError> {
+        self.0.begin_write().await
+    }
+}
+
 impl CommitQueue {
     /// Starts the writer task for `store` (on the current runtime). The store must be
     /// the one below the queue (its own `run_procedure` runs each alone).
     pub fn new(store: Arc<dyn MetadataStore>) -> Self {
+        Self::with_transactions(Arc::new(StoreTransactions(store)))
+    }
+
+    fn with_transactions(store: Arc<dyn Transactions>) -> Self {
         let (queue, jobs) = mpsc::channel(QUEUE);
         let writer = tokio::spawn(write_batches(store, jobs));
         Self { queue, writer }
@@ -76,7 +98,7 @@ impl Drop for CommitQueue {
 }
 
 /// The writer task: one batch at a time.
-async fn write_batches(store: Arc<dyn MetadataStore>, mut jobs: mpsc::Receiver<Job>) {
+async fn write_batches(store: Arc<dyn Transactions>, mut jobs: mpsc::Receiver<Job>) {
     let mut batch = Vec::with_capacity(MAX_BATCH);
     while jobs.recv_many(&mut batch, MAX_BATCH).await > 0 {
         // Ordered by lock key; arrival order within a key (the sort is stable).
@@ -93,34 +115,68 @@ async fn write_batches(store: Arc<dyn MetadataStore>, mut jobs: mpsc::Receiver<J
                     let _ = job.reply.send(Ok(output));
                 }
             }
-            Err(error) => {
+            Err(BatchError::BeforeCommit(error)) => {
                 tracing::debug!(%error, jobs = batch.len(), "a write batch failed; running its writes one by one");
                 for job in batch.drain(..) {
                     let result = run_alone(store.as_ref(), &job.procedure).await;
                     let _ = job.reply.send(result);
                 }
             }
+            Err(BatchError::AtCommit(error)) => {
+                // The commit may have happened (a connection lost after the database
+                // committed, a deadline passed while it did): running the writes again
+                // could apply them twice, or make a signed write look replayed. Each
+                // caller hears that the outcome is unknown instead.
+                tracing::warn!(%error, jobs = batch.len(), "a write batch's commit failed; its outcome is unknown");
+                for job in batch.drain(..) {
+                    let _ = job.reply.send(Err(StoreError::Unavailable(format!(
+                        "the write may or may not have been stored: {error}"
+                    ))));
+                }
+            }
         }
     }
 }
 
+/// Why a batch failed: before its commit (nothing of it is stored) or at the commit
+/// (it may be stored).
+enum BatchError {
+    BeforeCommit(StoreError),
+    AtCommit(StoreError),
+}
+
+/// Runs `procedure` in a transaction of its own.
+async fn run_alone(
+    store: &dyn Transactions,
+    procedure: &Procedure,
+) -> Result<ProcedureOutput, StoreError> {
+    let mut tx = store.begin_write().await?;
+    let output = (procedure.run)(tx.as_mut()).await?;
+    tx.commit().await?;
+    Ok(output)
+}
+
 /// Runs every job's procedure in one transaction; their events go in at the end.
 async fn run_batch(
-    store: &dyn MetadataStore,
+    store: &dyn Transactions,
     batch: &[Job],
-) -> Result<Vec<ProcedureOutput>, StoreError> {
-    let mut tx = EventsLast {
-        inner: store.begin_write().await?,
-        events: Vec::new(),
+) -> Result<Vec<ProcedureOutput>, BatchError> {
+    let steps = async {
+        let mut tx = EventsLast {
+            inner: store.begin_write().await?,
+            events: Vec::new(),
+        };
+        let mut outputs = Vec::with_capacity(batch.len());
+        for job in batch {
+            outputs.push((job.procedure.run)(&mut tx).await?);
+        }
+        let EventsLast { mut inner, events } = tx;
+        let events: Vec<NewEvent<'_>> = events.iter().map(OwnedEvent::borrowed).collect();
+        inner.append_events(&events).await?;
+        Ok::<_, StoreError>((inner, outputs))
     };
-    let mut outputs = Vec::with_capacity(batch.len());
-    for job in batch {
-        outputs.push((job.procedure.run)(&mut tx).await?);
-    }
-    let EventsLast { mut inner, events } = tx;
-    let events: Vec<NewEvent<'_>> = events.iter().map(OwnedEvent::borrowed).collect();
-    inner.append_events(&events).await?;
-    inner.commit().await?;
+    let (tx, outputs) = steps.await.map_err(BatchError::BeforeCommit)?;
+    tx.commit().await.map_err(BatchError::AtCommit)?;
     Ok(outputs)
 }
 
@@ -227,5 +283,140 @@ impl WriteTx for EventsLast {
         let events: Vec<NewEvent<'_>> = events.iter().map(OwnedEvent::borrowed).collect();
         inner.append_events(&events).await?;
         inner.commit().await
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::sync::atomic::{AtomicUsize, Ordering};
+
+    use super::*;
+    use crate::persistence::sqlite::SqliteStore;
+
+    /// Transactions whose commit happens, but whose answer is lost (as when a
+    /// connection drops right after the database committed).
+    struct LosesCommitAnswers(Arc<dyn MetadataStore>);
+
+    struct AnswerLost(Box<dyn WriteTx>);
+
+    #[async_trait]
+    impl Transactions for LosesCommitAnswers {
+        async fn begin_write(&self) -> Result<Box<dyn WriteTx>, StoreError> {
+            Ok(Box::new(AnswerLost(self.0.begin_write().await?)))
+        }
+    }
+
+    #[async_trait]
+    impl WriteTx for AnswerLost {
+        async fn insert_replay_mark(&mut self, mark: ReplayMark) -> Result<bool, StoreError> {
+            self.0.insert_replay_mark(mark).await
+        }
+        async fn lock_user(&mut self, _: &str) -> Result<Option<UserRecord>, StoreError> {
+            unreachable!()
+        }
+        async fn insert_user(
+            &mut self,
+            _: &str,
+            _: i64,
+            _: Option<&str>,
+        ) -> Result<bool, StoreError> {
+            unreachable!()
+        }
+        async fn delete_user(&mut self, _: &str) -> Result<(), StoreError> {
+            unreachable!()
+        }
+        async fn set_usage(&mut self, _: &str, _: u64, _: i64) -> Result<(), StoreError> {
+            unreachable!()
+        }
+        async fn redeem_signup_token(
+            &mut self,
+            _: &str,
+            _: &str,
+            _: i64,
+        ) -> Result<TokenRedemption, StoreError> {
+            unreachable!()
+        }
+        async fn entry(&mut self, _: &str, _: &str) -> Result<Option<EntryRecord>, StoreError> {
+            unreachable!()
+        }
+        async fn put_entry(&mut self, _: &str, _: &EntryRecord) -> Result<(), StoreError> {
+            unreachable!()
+        }
+        async fn remove_entry(
+            &mut self,
+            _: &str,
+            _: &str,
+        ) -> Result<Option<EntryRecord>, StoreError> {
+            unreachable!()
+        }
+        async fn remove_all_entries(&mut self, _: &str) -> Result<Vec<EntryRecord>, StoreError> {
+            unreachable!()
+        }
+        async fn insert_session(&mut self, _: &SessionRecord) -> Result<(), StoreError> {
+            unreachable!()
+        }
+        async fn sum_entry_sizes(&mut self, _: &str) -> Result<u64, StoreError> {
+            unreachable!()
+        }
+        async fn append_events(&mut self, events: &[NewEvent<'_>]) -> Result<(), StoreError> {
+            self.0.append_events(events).await
+        }
+        async fn commit(self: Box<Self>) -> Result<(), StoreError> {
+            self.0.commit().await?;
+            Err(StoreError::Unavailable(
+                "connection lost after COMMIT".into(),
+            ))
+        }
+    }
+
+    #[tokio::test]
+    async fn a_batch_whose_commit_answer_is_lost_is_not_run_again() {
+        let dir = tempfile::tempdir().unwrap();
+        let url = format!("sqlite://{}/hs.db", dir.path().display());
+        let store: Arc<dyn MetadataStore> = Arc::new(SqliteStore::open(&url).await.unwrap());
+        let queue = Arc::new(CommitQueue::with_transactions(Arc::new(
+            LosesCommitAnswers(store.clone()),
+        )));
+        let runs = Arc::new(AtomicUsize::new(0));
+        let submit = |n: u8| {
+            let (queue, runs) = (queue.clone(), runs.clone());
+            tokio::spawn(async move {
+                let mark = ReplayMark {
+                    signature_id: [n; 32],
+                    expires_at: i64::MAX,
+                };
+                let procedure = Procedure::new(format!("user-{n}"), move |tx| {
+                    runs.fetch_add(1, Ordering::SeqCst);
+                    Box::pin(async move { tx.insert_replay_mark(mark).await })
+                });
+                queue.submit(procedure).await.map(|_| ())
+            })
+        };
+        // Spawned before the writer looks again: they form one batch.
+        let callers: Vec<_> = (1..=4).map(submit).collect();
+        for caller in callers {
+            let answer = caller.await.unwrap();
+            assert!(
+                matches!(answer, Err(StoreError::Unavailable(_))),
+                "the outcome is unknown, and the caller is told so: {answer:?}"
+            );
+        }
+        assert_eq!(
+            runs.load(Ordering::SeqCst),
+            4,
+            "each write ran exactly once"
+        );
+        // What the batch did is stored: each mark is there once.
+        let mut tx = store.begin_write().await.unwrap();
+        for n in 1..=4u8 {
+            let fresh = tx
+                .insert_replay_mark(ReplayMark {
+                    signature_id: [n; 32],
+                    expires_at: i64::MAX,
+                })
+                .await
+                .unwrap();
+            assert!(!fresh, "mark {n} was committed by the batch");
+        }
     }
 }

@@ -8,8 +8,15 @@
 //! as nginx reuses idle keep-alive connections; only when every connection is busy is
 //! the new one refused. So clients that open connections and send nothing cannot keep
 //! anyone else out, however many they open.
+//!
+//! Busy connections (a stream held open, an upload trickling in) cannot be taken back,
+//! so one address may hold at most `max_per_ip` connections (trusted proxies, which
+//! carry many clients, are exempt): at that limit a new connection from it takes the
+//! place of its own longest-idle one, or is refused. A client must then use many
+//! addresses to fill the server.
 
-use std::collections::HashMap;
+use std::collections::{HashMap, HashSet};
+use std::net::IpAddr;
 use std::pin::Pin;
 use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard};
@@ -23,6 +30,9 @@ use tokio_util::sync::CancellationToken;
 /// The registry of one listener's connections.
 pub struct Connections {
     max: usize,
+    /// Connections one address may hold (those in `exempt` excepted).
+    max_per_ip: usize,
+    exempt: Arc<HashSet<IpAddr>>,
     gauge: prometheus::IntGauge,
     /// The time origin of `last_active` stamps.
     origin: Instant,
@@ -33,6 +43,7 @@ pub struct Connections {
 /// What the registry knows of one connection, shared with its task.
 pub struct ConnectionState {
     origin: Instant,
+    ip: IpAddr,
     in_flight: AtomicUsize,
     served: AtomicU64,
     /// Milliseconds since the registry's origin.
@@ -42,9 +53,10 @@ pub struct ConnectionState {
 }
 
 impl ConnectionState {
-    fn new(origin: Instant) -> Self {
+    fn new(origin: Instant, ip: IpAddr) -> Self {
         let state = Self {
             origin,
+            ip,
             in_flight: AtomicUsize::new(0),
             served: AtomicU64::new(0),
             last_active_ms: AtomicU64::new(0),
@@ -116,11 +128,24 @@ impl Drop for Admitted {
     }
 }
 
+/// Per-address limits of a registry.
+#[derive(Debug, Clone, Default)]
+pub struct PerIpLimit {
+    /// Connections one address may hold; 0 = no limit of its own.
+    pub max: usize,
+    /// Addresses without that limit (reverse proxies).
+    pub exempt: Arc<HashSet<IpAddr>>,
+}
+
 impl Connections {
-    /// A registry of at most `max` connections whose count `gauge` shows.
-    pub fn new(max: usize, gauge: prometheus::IntGauge) -> Arc<Self> {
+    /// A registry of at most `max` connections (and `per_ip.max` from one address)
+    /// whose count `gauge` shows.
+    pub fn new(max: usize, per_ip: PerIpLimit, gauge: prometheus::IntGauge) -> Arc<Self> {
+        let max = max.max(1);
         Arc::new(Self {
-            max: max.max(1),
+            max,
+            max_per_ip: if per_ip.max == 0 { max } else { per_ip.max },
+            exempt: per_ip.exempt,
             gauge,
             origin: Instant::now(),
             next_id: AtomicU64::new(0),
@@ -140,22 +165,21 @@ impl Connections {
         self.lock().len()
     }
 
-    /// Registers a new connection. At the limit the longest-idle connection is told to
-    /// close and gives its place; `None` when every open connection is busy.
-    pub fn admit(self: &Arc<Self>) -> Option<Admitted> {
+    /// Registers a new connection from `ip`. At the address's limit its own
+    /// longest-idle connection is told to close and gives its place; at the listener's
+    /// limit, the longest-idle of all. `None` when every candidate is busy.
+    pub fn admit(self: &Arc<Self>, ip: IpAddr) -> Option<Admitted> {
         let mut open = self.lock();
+        if !self.exempt.contains(&ip)
+            && open.values().filter(|c| c.ip == ip).count() >= self.max_per_ip
+        {
+            evict_longest_idle(&mut open, |c| c.ip == ip)?;
+        }
         if open.len() >= self.max {
-            let victim = open
-                .iter()
-                .filter(|(_, c)| c.is_idle() && !c.evicted.is_cancelled())
-                .max_by_key(|(_, c)| c.idle_for())
-                .map(|(id, _)| *id)?;
-            if let Some(state) = open.remove(&victim) {
-                state.evicted.cancel();
-            }
+            evict_longest_idle(&mut open, |_| true)?;
         }
         let id = self.next_id.fetch_add(1, Ordering::Relaxed);
-        let state = Arc::new(ConnectionState::new(self.origin));
+        let state = Arc::new(ConnectionState::new(self.origin, ip));
         open.insert(id, state.clone());
         self.gauge.set(open.len() as i64);
         Some(Admitted {
@@ -164,6 +188,23 @@ impl Connections {
             state,
         })
     }
+}
+
+/// Tells the longest-idle connection among those `which` selects to close and forgets
+/// it; None when all of them are busy.
+fn evict_longest_idle(
+    open: &mut HashMap<u64, Arc<ConnectionState>>,
+    which: impl Fn(&ConnectionState) -> bool,
+) -> Option<()> {
+    let victim = open
+        .iter()
+        .filter(|(_, c)| which(c) && c.is_idle() && !c.evicted.is_cancelled())
+        .max_by_key(|(_, c)| c.idle_for())
+        .map(|(id, _)| *id)?;
+    if let Some(state) = open.remove(&victim) {
+        state.evicted.cancel();
+    }
+    Some(())
 }
 
 /// A response body that keeps its request counted as in flight until the body is sent
@@ -213,16 +254,19 @@ mod tests {
         prometheus::IntGauge::new("open", "test").unwrap()
     }
 
+    const A: IpAddr = IpAddr::V4(std::net::Ipv4Addr::new(192, 0, 2, 1));
+    const B: IpAddr = IpAddr::V4(std::net::Ipv4Addr::new(192, 0, 2, 2));
+
     #[test]
     fn admits_up_to_the_limit_then_evicts_the_longest_idle() {
-        let registry = Connections::new(2, gauge());
-        let first = registry.admit().expect("room");
+        let registry = Connections::new(2, PerIpLimit::default(), gauge());
+        let first = registry.admit(A).expect("room");
         std::thread::sleep(Duration::from_millis(5));
-        let second = registry.admit().expect("room");
+        let second = registry.admit(A).expect("room");
         assert_eq!(registry.len(), 2);
         assert_eq!(registry.gauge.get(), 2);
 
-        let third = registry.admit().expect("an idle connection gives way");
+        let third = registry.admit(A).expect("an idle connection gives way");
         assert!(first.state.evicted().is_cancelled(), "the oldest idle goes");
         assert!(!second.state.evicted().is_cancelled());
         assert_eq!(registry.len(), 2);
@@ -234,15 +278,45 @@ mod tests {
 
     #[test]
     fn busy_connections_are_never_evicted() {
-        let registry = Connections::new(1, gauge());
-        let busy = registry.admit().expect("room");
+        let registry = Connections::new(1, PerIpLimit::default(), gauge());
+        let busy = registry.admit(A).expect("room");
         let request = busy.state.request_started();
-        assert!(registry.admit().is_none(), "the only connection is busy");
+        assert!(registry.admit(A).is_none(), "the only connection is busy");
         assert!(!busy.state.evicted().is_cancelled());
         drop(request);
         assert!(busy.state.is_idle());
         assert_eq!(busy.state.served(), 1);
-        let _next = registry.admit().expect("idle again");
+        let _next = registry.admit(A).expect("idle again");
         assert!(busy.state.evicted().is_cancelled());
+    }
+
+    #[test]
+    fn one_address_cannot_hold_more_than_its_share() {
+        let per_ip = PerIpLimit {
+            max: 2,
+            exempt: Arc::new(HashSet::from([B])),
+        };
+        let registry = Connections::new(10, per_ip, gauge());
+        let first = registry.admit(A).expect("room");
+        let second = registry.admit(A).expect("room");
+        let (_r1, _r2) = (
+            first.state.request_started(),
+            second.state.request_started(),
+        );
+        assert!(registry.admit(A).is_none(), "A's connections are all busy");
+        let _other = registry.admit(B).expect("another address is not held back");
+        let _more: Vec<_> = (0..5)
+            .map(|_| registry.admit(B).expect("B is exempt"))
+            .collect();
+        assert_eq!(registry.len(), 8);
+
+        let idle = registry
+            .admit(IpAddr::V4(std::net::Ipv4Addr::LOCALHOST))
+            .expect("room");
+        drop(idle);
+        drop(_r1);
+        let _third = registry.admit(A).expect("A's idle connection gives way");
+        assert!(first.state.evicted().is_cancelled());
+        assert!(!second.state.evicted().is_cancelled());
     }
 }

@@ -31,6 +31,7 @@ use tokio_util::sync::CancellationToken;
 use tokio_util::task::TaskTracker;
 use tower::ServiceExt;
 
+pub use connections::PerIpLimit;
 use connections::{Admitted, Connections, TrackedBody};
 use parse_error_body::{Dispatched, ParseErrorBody};
 
@@ -46,7 +47,7 @@ const H2_MAX_HEADER_LIST_BYTES: u32 = 64 * 1024;
 const H2_PING_TIMEOUT: Duration = Duration::from_secs(20);
 
 /// The deadlines and limits of a listener's connections.
-#[derive(Debug, Clone, Copy)]
+#[derive(Debug, Clone)]
 pub struct ConnectionLimits {
     /// From accept to the first complete request head, and for each later HTTP/1 head.
     pub header_read_timeout: Duration,
@@ -54,6 +55,8 @@ pub struct ConnectionLimits {
     pub idle_timeout: Duration,
     /// Open connections at most.
     pub max_connections: usize,
+    /// Open connections one client address may hold.
+    pub per_ip: PerIpLimit,
 }
 
 /// Whether a listener speaks TLS.
@@ -76,7 +79,11 @@ pub async fn serve(
         Transport::Plain => None,
         Transport::Tls(config) => Some(tokio_rustls::TlsAcceptor::from(config)),
     };
-    let registry = Connections::new(limits.max_connections, open_connections);
+    let registry = Connections::new(
+        limits.max_connections,
+        limits.per_ip.clone(),
+        open_connections,
+    );
     let tracker = TaskTracker::new();
     let mut builder = auto::Builder::new(TokioExecutor::new());
     builder
@@ -104,14 +111,16 @@ pub async fn serve(
                 }
             },
         };
-        let Some(admitted) = registry.admit() else {
-            // Every connection is busy with a request: refuse this one (dropping it
-            // closes it) rather than exceed the limit.
+        let Some(admitted) = registry.admit(peer.ip()) else {
+            // Every connection (of this address, or of all) is busy with a request:
+            // refuse this one (dropping it closes it) rather than exceed the limit.
             if refused_logged.elapsed() > Duration::from_secs(10) {
                 refused_logged = Instant::now();
                 tracing::warn!(
                     listener = name,
                     max_connections = limits.max_connections,
+                    max_connections_per_ip = limits.per_ip.max,
+                    %peer,
                     "connection limit reached with every connection busy; refusing new ones"
                 );
             }
@@ -126,7 +135,7 @@ pub async fn serve(
             router: router.clone(),
             builder: builder.clone(),
             admitted,
-            limits,
+            limits: limits.clone(),
             stop: stop.clone(),
             opened: Instant::now(),
         };
@@ -216,9 +225,13 @@ impl Connection {
 
         let mut closing: Option<tokio::time::Instant> = None;
         loop {
-            // The next moment a deadline may have passed.
+            // The next moment a deadline may have passed. While a request is in flight
+            // (an event stream, an upload) no idle deadline runs: look again one idle
+            // period later, not in a busy loop.
             let check_in = if state.served() == 0 {
                 limits.header_read_timeout.saturating_sub(opened.elapsed())
+            } else if !state.is_idle() {
+                limits.idle_timeout
             } else {
                 limits.idle_timeout.saturating_sub(state.idle_for())
             }

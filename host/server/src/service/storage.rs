@@ -41,6 +41,10 @@ pub struct StorageLimits {
     pub quota_bytes: u64,
     /// An upload that sends nothing for this long is dropped.
     pub body_idle_timeout: std::time::Duration,
+    /// An upload not complete this long after its body started is dropped, however
+    /// steadily it trickles (it holds a connection and, for S3, an open multipart
+    /// upload; the blob sweep spares blobs younger than this).
+    pub upload_timeout: std::time::Duration,
     /// Memory all uploads whose signature is not proven yet may hold at once.
     pub unproven_upload_memory_bytes: usize,
 }
@@ -147,7 +151,6 @@ impl StorageService {
         S: Stream<Item = Result<Bytes, BodyError>> + Send + Unpin,
     {
         let max = self.limits.max_value_bytes;
-        let idle = self.limits.body_idle_timeout;
         let too_large = declared_len.is_some_and(|len| len > max);
         let WriteGrant { writer, refusal } = grant;
         let mut proven = !matches!(writer, Writer::Signed { .. });
@@ -180,7 +183,7 @@ impl StorageService {
                 if !proven {
                     // Hash the body without keeping it, so a forged request still gets
                     // 401 (credentials come before permission and quota).
-                    let streamed = stream_into(body, max, idle, Sink::Discard).await?;
+                    let streamed = stream_into(body, &self.limits, Sink::Discard).await?;
                     auth::verify(header, target, &streamed.sha256)?;
                 }
                 // Remember the signature, so the refused request cannot succeed on a
@@ -195,7 +198,7 @@ impl StorageService {
         let blob_key = BlobStore::new_key(&user);
         let mut blob = self.blobs.writer(&blob_key);
         let streamed = if proven {
-            stream_into(body, max, idle, Sink::Blob(&mut blob)).await
+            stream_into(body, &self.limits, Sink::Blob(&mut blob)).await
         } else {
             self.prove_then_write(&writer, body, &mut blob).await
         };
@@ -254,7 +257,14 @@ impl StorageService {
             Ok(PutOutcome::Replayed) => auth::replayed(),
             Ok(PutOutcome::UnknownUser) => not_signed_up(),
             Ok(PutOutcome::Disabled) => disabled(),
-            Err(e) => e.into(),
+            Err(e) => {
+                // The commit may have happened all the same (its answer lost in
+                // transit, a deadline passed while the database was committing), and
+                // may become visible only later: the blob is left to the sweep, which
+                // deletes it only if no entry points at it once it is old.
+                tracing::debug!(blob = %blob_key, error = %e, "a PUT's commit failed; its blob is left to the sweep");
+                return Err(e.into());
+            }
         };
         // Nothing points at the new blob: drop it (a crash here leaves it to the sweep).
         self.delete_blob_later(blob_key);
@@ -273,13 +283,7 @@ impl StorageService {
         S: Stream<Item = Result<Bytes, BodyError>> + Send + Unpin,
     {
         let mut staged = self.staging.stage();
-        let streamed = stream_into(
-            body,
-            self.limits.max_value_bytes,
-            self.limits.body_idle_timeout,
-            Sink::Memory(&mut staged),
-        )
-        .await?;
+        let streamed = stream_into(body, &self.limits, Sink::Memory(&mut staged)).await?;
         if let Writer::Signed { header, target } = writer {
             auth::verify(header, target, &streamed.sha256)?;
         }
@@ -572,25 +576,29 @@ enum Sink<'a> {
 /// Streams `body` into `sink`, hashing and counting, refusing more than `max` bytes.
 async fn stream_into<S>(
     mut body: S,
-    max: u64,
-    idle_timeout: std::time::Duration,
+    limits: &StorageLimits,
     mut sink: Sink<'_>,
 ) -> Result<Streamed, ServiceError>
 where
     S: Stream<Item = Result<Bytes, BodyError>> + Send + Unpin,
 {
+    let (max, idle) = (limits.max_value_bytes, limits.body_idle_timeout);
+    let deadline = tokio::time::Instant::now() + limits.upload_timeout;
     let mut sha = Sha256::new();
     let mut blake = blake3::Hasher::new();
     let mut size: u64 = 0;
     loop {
-        let next = tokio::time::timeout(idle_timeout, body.next())
-            .await
-            .map_err(|_| {
-                ServiceError::BadRequest(format!(
-                    "the upload sent nothing for {} s",
-                    idle_timeout.as_secs()
-                ))
-            })?;
+        let wait = idle.min(deadline.saturating_duration_since(tokio::time::Instant::now()));
+        let next = tokio::time::timeout(wait, body.next()).await.map_err(|_| {
+            ServiceError::BadRequest(if wait < idle {
+                format!(
+                    "the upload was not complete within {} s",
+                    limits.upload_timeout.as_secs()
+                )
+            } else {
+                format!("the upload sent nothing for {} s", idle.as_secs())
+            })
+        })?;
         let Some(chunk) = next else { break };
         let chunk = chunk.map_err(|e| ServiceError::BadRequest(e.to_string()))?;
         size += chunk.len() as u64;

@@ -535,3 +535,160 @@ async fn a_session_put_over_both_size_and_quota_is_413() {
         .unwrap();
     expect_error(r, 507, ErrorCode::StorageQuotaExceeded).await;
 }
+
+/// Connects to the server from `source` (any 127/8 address reaches a loopback listener).
+async fn connect_from(host: &TestHost, source: [u8; 4]) -> TcpStream {
+    let socket = tokio::net::TcpSocket::new_v4().unwrap();
+    socket
+        .bind(std::net::SocketAddr::from((source, 0)))
+        .unwrap();
+    socket.connect(host.server().http_addr()).await.unwrap()
+}
+
+/// Opens an event stream on `stream` and reads its response head (the stream stays
+/// open: the connection is busy from then on).
+async fn open_event_stream(stream: &mut TcpStream, user: &Keypair) -> String {
+    let request = format!(
+        "GET /events-stream?user={}&live=true HTTP/1.1\r\nHost: x\r\n\r\n",
+        user.public_key().to_z32()
+    );
+    stream.write_all(request.as_bytes()).await.unwrap();
+    read_head(stream).await
+}
+
+#[tokio::test]
+async fn busy_connections_of_one_address_cannot_fill_the_server() {
+    let host = TestHost::start_with(|c| {
+        c.http.max_connections = 50;
+        c.http.max_connections_per_ip = 4;
+        c.http.max_streams_per_ip = 0;
+    })
+    .await;
+    let alice = host.user().await;
+    host.put(&alice, "/pub/x", b"hello").await;
+    // One address holds four connections busy with streams that never end.
+    let mut held = Vec::new();
+    for _ in 0..4 {
+        let mut stream = connect_from(&host, [127, 0, 0, 2]).await;
+        assert!(
+            open_event_stream(&mut stream, &alice)
+                .await
+                .starts_with("http/1.1 200")
+        );
+        held.push(stream);
+    }
+    // A fifth from it is turned away at once...
+    let mut fifth = connect_from(&host, [127, 0, 0, 2]).await;
+    fifth
+        .write_all(b"GET /events/ HTTP/1.1\r\nHost: x\r\n\r\n")
+        .await
+        .unwrap();
+    assert!(
+        closed_within(&mut fifth, WAIT).await,
+        "a fifth connection was served"
+    );
+    // ...while everyone else is served.
+    let mut other = connect_from(&host, [127, 0, 0, 3]).await;
+    let request = format!(
+        "GET /pub/x HTTP/1.1\r\nHost: x\r\nPubky-Host: {}\r\n\r\n",
+        alice.public_key().to_z32()
+    );
+    other.write_all(request.as_bytes()).await.unwrap();
+    assert!(read_head(&mut other).await.starts_with("http/1.1 200"));
+    // When one of the held connections goes, the address may connect again.
+    drop(held.pop());
+    eventually("the address gets a slot back", WAIT, || async {
+        let mut again = connect_from(&host, [127, 0, 0, 2]).await;
+        again
+            .write_all(b"GET /events/ HTTP/1.1\r\nHost: x\r\n\r\n")
+            .await
+            .unwrap();
+        !closed_within(&mut again, Duration::from_millis(500)).await
+    })
+    .await;
+}
+
+#[tokio::test]
+async fn event_streams_per_address_are_capped() {
+    let host = TestHost::start_with(|c| c.http.max_streams_per_ip = 3).await;
+    let alice = host.user().await;
+    let client = reqwest::Client::builder().timeout(WAIT).build().unwrap();
+    let url = format!(
+        "{}/events-stream?user={}&live=true",
+        host.url,
+        alice.public_key().to_z32()
+    );
+    let mut open = Vec::new();
+    for _ in 0..3 {
+        let r = client.get(&url).send().await.unwrap();
+        assert_eq!(r.status(), 200);
+        open.push(r);
+    }
+    let e = expect_error(
+        client.get(&url).send().await.unwrap(),
+        429,
+        ErrorCode::RateLimitExceeded,
+    )
+    .await;
+    assert!(e.message.contains("event streams"), "{}", e.message);
+    // Closing a stream gives its slot back.
+    drop(open.pop());
+    eventually("a stream slot comes back", WAIT, || async {
+        client.get(&url).send().await.unwrap().status() == 200
+    })
+    .await;
+}
+
+#[tokio::test]
+async fn bodies_that_trickle_or_never_come_are_cut_off() {
+    let host = TestHost::start_with(|c| {
+        c.http.body_idle_timeout_secs = 2;
+        c.http.upload_timeout_secs = 3;
+    })
+    .await;
+    let alice = host.user().await;
+    let body = vec![b'x'; 64];
+    let digest = BodyHash::of(&body);
+    // A signed PUT that sends a byte every half second: never idle, never done.
+    let mut trickle = connect(&host).await;
+    let head = format!(
+        "PUT /pub/trickle HTTP/1.1\r\nHost: x\r\nAuthorization: {}\r\n\
+         Content-Digest: {}\r\nContent-Length: {}\r\n\r\n",
+        auth_header(&alice, "PUT", "/pub/trickle", &body),
+        digest.to_content_digest(),
+        body.len()
+    );
+    trickle.write_all(head.as_bytes()).await.unwrap();
+    let started = tokio::time::Instant::now();
+    let mut answer = String::new();
+    for byte in &body {
+        if trickle.write_all(&[*byte]).await.is_err() {
+            break;
+        }
+        let mut buf = [0u8; 1024];
+        if let Ok(Ok(n)) =
+            tokio::time::timeout(Duration::from_millis(500), trickle.read(&mut buf)).await
+        {
+            answer.push_str(&String::from_utf8_lossy(&buf[..n]));
+            break;
+        }
+        assert!(
+            started.elapsed() < WAIT,
+            "the trickling upload was never cut off"
+        );
+    }
+    assert!(answer.starts_with("HTTP/1.1 400"), "{answer}");
+    assert!(answer.contains("not complete within 3 s"), "{answer}");
+    assert_eq!(host.get(&alice, "/pub/trickle").await.status(), 404);
+
+    // A signup whose body never arrives.
+    let bob = Keypair::random();
+    let mut stalled = connect(&host).await;
+    let head = format!(
+        "POST /signup HTTP/1.1\r\nHost: x\r\nAuthorization: {}\r\nContent-Length: 10\r\n\r\n",
+        auth_header(&bob, "POST", "/signup", b"0123456789")
+    );
+    stalled.write_all(head.as_bytes()).await.unwrap();
+    let head = read_head(&mut stalled).await;
+    assert!(head.starts_with("http/1.1 400"), "{head}");
+}

@@ -284,10 +284,11 @@ impl S3Server {
     }
 
     fn program() -> Option<PathBuf> {
-        if let Some(p) = std::env::var_os("HS_TEST_MOTO") {
-            return Some(PathBuf::from(p));
-        }
         let repo = Path::new(env!("CARGO_MANIFEST_DIR")).join("../..");
+        if let Some(p) = std::env::var_os("HS_TEST_MOTO") {
+            // Relative to the repository (tests run in their package's folder).
+            return Some(repo.join(p));
+        }
         let installed = repo.join("target/tools/moto/bin/moto_server");
         if installed.exists() {
             return Some(installed);
@@ -350,11 +351,20 @@ impl S3Server {
             .stdin(std::process::Stdio::null())
             .spawn()
             .map_err(|e| format!("starting {}: {e}", self.program.display()))?;
-        *self.child.lock().unwrap() = Some(child);
+        let mut slot = self.child.lock().unwrap();
+        let child = slot.insert(child);
         let deadline = std::time::Instant::now() + std::time::Duration::from_secs(60);
         while std::time::Instant::now() < deadline {
             if std::net::TcpStream::connect(("127.0.0.1", self.port)).is_ok() {
                 return Ok(());
+            }
+            // The watcher ends as soon as moto does: no point waiting then.
+            if let Ok(Some(status)) = child.try_wait() {
+                return Err(format!(
+                    "{} exited ({status}) before listening on {}",
+                    self.program.display(),
+                    self.port
+                ));
             }
             std::thread::sleep(std::time::Duration::from_millis(50));
         }

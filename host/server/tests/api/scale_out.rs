@@ -18,6 +18,7 @@ use homeserver_protocol::wire::ListResult;
 use homeserver_protocol::{BodyHash, ErrorCode, Keypair};
 use reqwest::{Method, StatusCode};
 use serde_json::Value;
+use sqlx::Connection;
 
 use crate::backend::{PgDatabase, S3Server};
 use crate::fixture::*;
@@ -308,6 +309,104 @@ async fn postgres_down_answers_503_and_the_server_recovers_by_itself() {
         &[("/pub/a", b"one".to_vec()), ("/pub/b", b"two".to_vec())],
     )
     .await;
+}
+
+/// A commit that outlives the deadline: the client hears 503, but PostgreSQL finishes
+/// the commit after all. The value must then be whole: its blob may not be deleted as if
+/// the write had failed, nor the write run again (which would look like a replay).
+#[tokio::test]
+async fn a_commit_that_outlives_the_deadline_keeps_its_value() {
+    let Some(db) = PgDatabase::or_skip("a_commit_that_outlives_the_deadline_keeps_its_value")
+    else {
+        return;
+    };
+    let host = TestHost::start_with(|c| {
+        c.storage.database_url = db.url.clone();
+        c.storage.timeout_secs = 1;
+    })
+    .await;
+    let alice = host.user().await;
+    // Commits of entries under /pub/slow/ take 3 s: a deferred trigger runs at COMMIT.
+    let mut conn = sqlx::PgConnection::connect(db.url.expose_secret())
+        .await
+        .unwrap();
+    for sql in [
+        "CREATE FUNCTION slow_commit() RETURNS trigger LANGUAGE plpgsql AS $$ \
+         BEGIN IF NEW.path LIKE '/pub/slow/%' THEN PERFORM pg_sleep(3); END IF; \
+         RETURN NULL; END $$",
+        "CREATE CONSTRAINT TRIGGER slow_commit AFTER INSERT OR UPDATE ON entries \
+         DEFERRABLE INITIALLY DEFERRED FOR EACH ROW EXECUTE FUNCTION slow_commit()",
+    ] {
+        sqlx::query(sql).execute(&mut conn).await.unwrap();
+    }
+
+    expect_error(
+        host.put(&alice, "/pub/slow/late", b"landed late").await,
+        503,
+        ErrorCode::ServiceUnavailable,
+    )
+    .await;
+    eventually(
+        "the late commit is readable, whole",
+        Duration::from_secs(30),
+        || async {
+            let response = host.get(&alice, "/pub/slow/late").await;
+            assert_ne!(response.status(), 500, "the committed entry lost its blob");
+            response.status() == 200 && response.bytes().await.unwrap().as_ref() == b"landed late"
+        },
+    )
+    .await;
+    // Concurrent writes share a transaction (group commit): a batch whose commit
+    // outlives the deadline is not run again (its writes would look replayed). A 503
+    // means "outcome unknown": the value is then either stored whole or not at all.
+    let paths: Vec<String> = (0..6).map(|i| format!("/pub/slow/batch-{i}")).collect();
+    let answers =
+        futures_util::future::join_all(paths.iter().map(|p| host.put(&alice, p, p.as_bytes())))
+            .await;
+    let acknowledged: Vec<bool> = answers
+        .iter()
+        .map(|answer| match answer.status().as_u16() {
+            200 => true,
+            503 => false,
+            other => panic!("PUT answered {other}"),
+        })
+        .collect();
+    // Wait until PostgreSQL has no transaction of the server's in flight.
+    eventually(
+        "the late commits are done",
+        Duration::from_secs(30),
+        || async {
+            let mut conn = sqlx::PgConnection::connect(db.url.expose_secret())
+                .await
+                .unwrap();
+            let busy: i64 = sqlx::query_scalar(
+                "SELECT count(*) FROM pg_stat_activity WHERE datname = current_database() \
+             AND pid <> pg_backend_pid() AND state <> 'idle'",
+            )
+            .fetch_one(&mut conn)
+            .await
+            .unwrap();
+            busy == 0
+        },
+    )
+    .await;
+    let mut expected = vec![("/pub/slow/late", b"landed late".to_vec())];
+    for (path, acked) in paths.iter().zip(acknowledged) {
+        let response = host.get(&alice, path).await;
+        match response.status().as_u16() {
+            200 => {
+                assert!(
+                    response.bytes().await.unwrap() == path.as_bytes(),
+                    "{path} is whole"
+                );
+                expected.push((path, path.as_bytes().to_vec()));
+            }
+            404 if !acked => {}
+            other => panic!("{path} (acknowledged: {acked}) reads {other}"),
+        }
+    }
+    expected.sort();
+    assert_consistent(&host, &alice, &expected).await;
 }
 
 // ---------------------------------------------------------------------------------------
