@@ -96,7 +96,10 @@ fn ensure_wasm_target() {
         // Cannot tell; the guest build below reports a missing target itself.
         return;
     };
-    if sysroot.join("lib/rustlib").join(WASM_TARGET).is_dir() {
+    let target_lib = sysroot.join("lib/rustlib").join(WASM_TARGET);
+    // Run again when the target is removed (or added): the guests need it.
+    println!("cargo:rerun-if-changed={}", target_lib.display());
+    if target_lib.is_dir() {
         return;
     }
     let hint = format!(

@@ -66,6 +66,20 @@ pub struct AttackArgs {
     /// The server's data folder: checked to grow by less than 1 MiB during forged uploads.
     #[arg(long)]
     pub data_dir: Option<std::path::PathBuf>,
+    /// Connections one address holds busy with unfinished uploads (above the server's
+    /// http.max_connections_per_ip) while another address must be served.
+    #[arg(long, default_value_t = 300)]
+    pub busy: usize,
+    /// Rounds of event streams opened and dropped while the server's memory is watched
+    /// (needs --server-pid).
+    #[arg(long, default_value_t = 60)]
+    pub stream_rounds: usize,
+    /// Event streams per round, 25 per loopback address.
+    #[arg(long, default_value_t = 400)]
+    pub streams_per_round: usize,
+    /// The server's process id, to read its resident memory from /proc.
+    #[arg(long)]
+    pub server_pid: Option<u32>,
 }
 
 #[derive(Debug, Args)]
@@ -319,7 +333,8 @@ fn fanout(args: FanoutArgs) -> anyhow::Result<()> {
 
 fn attack(args: AttackArgs) -> anyhow::Result<()> {
     let limit = raise_nofile_limit();
-    let needed = (args.silent + args.h2_idle) as u64 + SPARE_FDS;
+    let needed =
+        (args.silent + args.h2_idle).max(args.busy + args.streams_per_round) as u64 + SPARE_FDS;
     if let Some(limit) = limit
         && limit < needed
     {
@@ -333,6 +348,10 @@ fn attack(args: AttackArgs) -> anyhow::Result<()> {
         forged: args.forged,
         forged_uploads: args.forged_uploads,
         data_dir: args.data_dir,
+        busy: args.busy,
+        stream_rounds: args.stream_rounds,
+        streams_per_round: args.streams_per_round,
+        server_pid: args.server_pid,
     };
     let findings = runtime(None)?.block_on(crate::attack::probes::run_all(&config));
     let mut failed = 0;

@@ -31,6 +31,15 @@ pub struct ProbeConfig {
     pub forged_uploads: usize,
     /// The server's data folder, to check that forged uploads wrote nothing.
     pub data_dir: Option<std::path::PathBuf>,
+    /// Connections one address holds busy (uploads that never finish) while another
+    /// address must still be served.
+    pub busy: usize,
+    /// Rounds of event streams opened and dropped, watching the server's memory.
+    pub stream_rounds: usize,
+    /// Event streams opened per round (spread over several loopback addresses).
+    pub streams_per_round: usize,
+    /// The server's process id, to read its memory (the stream-churn probe needs it).
+    pub server_pid: Option<u32>,
 }
 
 /// The verdict of one probe.
@@ -61,6 +70,8 @@ pub async fn run_all(config: &ProbeConfig) -> Vec<Finding> {
     // the memory bound, not the rate limit.
     findings.push(forged_uploads(config).await);
     findings.push(forged_lockout(config).await);
+    findings.push(busy_connections(config).await);
+    findings.push(stream_churn(config).await);
     findings
 }
 
@@ -70,6 +81,27 @@ fn url(config: &ProbeConfig, target: &str) -> String {
 
 async fn connect(config: &ProbeConfig) -> std::io::Result<TcpStream> {
     TcpStream::connect(config.target.addr).await
+}
+
+/// Connects from the loopback address `source` (any of 127/8: a server on 127.0.0.1
+/// sees a client of its own for each).
+async fn connect_from(config: &ProbeConfig, source: [u8; 4]) -> std::io::Result<TcpStream> {
+    let socket = tokio::net::TcpSocket::new_v4()?;
+    socket.bind(std::net::SocketAddr::from((source, 0)))?;
+    socket.connect(config.target.addr).await
+}
+
+/// Reads a response head from `stream` (up to the blank line), within 10 s.
+async fn read_head(stream: &mut TcpStream) -> Option<String> {
+    let mut head = Vec::new();
+    let mut byte = [0u8; 1];
+    while !head.ends_with(b"\r\n\r\n") {
+        match tokio::time::timeout(Duration::from_secs(10), stream.read(&mut byte)).await {
+            Ok(Ok(1)) => head.push(byte[0]),
+            _ => return None,
+        }
+    }
+    Some(String::from_utf8_lossy(&head).into_owned())
 }
 
 /// Whether the server closed `stream` before `deadline`.
@@ -368,6 +400,163 @@ async fn forged_uploads(config: &ProbeConfig) -> Finding {
             grew.map_or("(not checked: no --data-dir)".into(), |g| format!(
                 "{g} bytes"
             ))
+        ),
+    )
+}
+
+/// One address holds connections busy with uploads that never finish (each sends its
+/// head and one byte of a 10-byte body); a client at another address must still be
+/// served. Without a per-address cap they would fill `max_connections`.
+async fn busy_connections(config: &ProbeConfig) -> Finding {
+    let victim = Keypair::random();
+    let mut held = Vec::with_capacity(config.busy);
+    for _ in 0..config.busy {
+        let Ok(mut stream) = connect_from(config, [127, 0, 0, 2]).await else {
+            continue;
+        };
+        let head = format!(
+            "POST /signup HTTP/1.1\r\nHost: x\r\nAuthorization: {}\r\nContent-Length: 10\r\n\r\nx",
+            AuthHeader::sign(
+                &victim,
+                "POST",
+                "/signup",
+                unix_secs(),
+                &BodyHash::of(b"0123456789")
+            )
+            .to_header_value()
+        );
+        if stream.write_all(head.as_bytes()).await.is_ok() {
+            held.push(stream);
+        }
+    }
+    // Give the server a moment to take (or refuse) them all.
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    let mut refused = 0;
+    for stream in &mut held {
+        if closed_by(
+            stream,
+            tokio::time::Instant::now() + Duration::from_millis(20),
+        )
+        .await
+        {
+            refused += 1;
+        }
+    }
+    let started = Instant::now();
+    let answer = match connect_from(config, [127, 0, 0, 3]).await {
+        Ok(mut other) => {
+            let sent = other
+                .write_all(b"GET /events/?limit=1 HTTP/1.1\r\nHost: x\r\n\r\n")
+                .await;
+            match sent {
+                Ok(()) => read_head(&mut other).await,
+                Err(_) => None,
+            }
+        }
+        Err(_) => None,
+    };
+    let served = answer
+        .as_deref()
+        .is_some_and(|h| h.starts_with("HTTP/1.1 200"));
+    Finding::new(
+        "busy connections of one address",
+        served && refused > 0,
+        format!(
+            "{} unfinished uploads from 127.0.0.2, {refused} of them refused; a request from \
+             127.0.0.3 {} in {} ms",
+            held.len(),
+            if served {
+                "was answered"
+            } else {
+                "got no answer"
+            },
+            started.elapsed().as_millis()
+        ),
+    )
+}
+
+/// Resident memory of a process, in KiB.
+fn rss_kib(pid: u32) -> Option<u64> {
+    let status = std::fs::read_to_string(format!("/proc/{pid}/status")).ok()?;
+    status
+        .lines()
+        .find_map(|l| l.strip_prefix("VmRSS:"))?
+        .split_whitespace()
+        .next()?
+        .parse()
+        .ok()
+}
+
+/// Rounds of event streams opened (and their heads read) then dropped, with the
+/// server's resident memory after each: it may grow while allocators and buffers warm
+/// up, but must level off. Passes when the second half of the rounds adds less than
+/// 4 MiB.
+async fn stream_churn(config: &ProbeConfig) -> Finding {
+    const NAME: &str = "event streams opened and dropped";
+    let Some(pid) = config.server_pid else {
+        return Finding::new(NAME, true, "skipped: no --server-pid".into());
+    };
+    if config.stream_rounds == 0 {
+        return Finding::new(NAME, true, "skipped: 0 rounds".into());
+    }
+    let user = Keypair::random().public_key().to_z32();
+    let request = format!("GET /events-stream?user={user}&live=true HTTP/1.1\r\nHost: x\r\n\r\n");
+    let mut samples = Vec::with_capacity(config.stream_rounds);
+    let mut failures = 0;
+    for round in 0..config.stream_rounds {
+        let mut open = Vec::with_capacity(config.streams_per_round);
+        for i in 0..config.streams_per_round {
+            // 25 streams per address, fresh addresses each round: within the
+            // per-address caps and the anonymous rate limit.
+            let [hi, lo] = u16::try_from(round % 60_000).unwrap_or(0).to_be_bytes();
+            let source = [
+                127,
+                hi.saturating_add(1),
+                lo,
+                10 + u8::try_from(i / 25).unwrap_or(200),
+            ];
+            let Ok(mut stream) = connect_from(config, source).await else {
+                failures += 1;
+                continue;
+            };
+            if stream.write_all(request.as_bytes()).await.is_err() {
+                failures += 1;
+                continue;
+            }
+            open.push(stream);
+        }
+        for stream in &mut open {
+            if !read_head(stream)
+                .await
+                .is_some_and(|h| h.starts_with("HTTP/1.1 200"))
+            {
+                failures += 1;
+            }
+        }
+        drop(open);
+        // Let the server notice the closed streams before measuring.
+        tokio::time::sleep(Duration::from_millis(300)).await;
+        samples.push(rss_kib(pid).unwrap_or(0));
+    }
+    let half = samples.len() / 2;
+    let growth = samples
+        .last()
+        .copied()
+        .unwrap_or(0)
+        .saturating_sub(samples[half]);
+    let mib = |kib: u64| format!("{:.1}", kib as f64 / 1024.0);
+    Finding::new(
+        NAME,
+        failures == 0 && growth < 4 * 1024,
+        format!(
+            "{} rounds of {} streams ({failures} failed); server RSS {} -> {} -> {} MiB \
+             (first, middle, last round): the second half added {} MiB",
+            samples.len(),
+            config.streams_per_round,
+            mib(samples[0]),
+            mib(samples[half]),
+            mib(samples[samples.len() - 1]),
+            mib(growth)
         ),
     )
 }
