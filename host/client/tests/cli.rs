@@ -539,8 +539,9 @@ impl Homeserver {
         let port = free_port();
         let log = dir.join("homeserver.log");
         let log_file = std::fs::File::create(&log).expect("log file");
-        // The e2e tests make more anonymous requests than the default limit (10 a
-        // minute per IP) allows, and several may run at once: no fixed metrics port.
+        // The e2e tests make many requests from one address, faster than any person
+        // would (rate limits have tests of their own), and several servers may run at
+        // once: no fixed metrics port.
         let child = Command::new(bin)
             .env("HOMESERVER__RATE_LIMIT__ENABLED", "false")
             .env("HOMESERVER__METRICS__LISTEN", "")

@@ -136,7 +136,13 @@ impl AppContext {
             false => EntryCache::default(),
             true => EntryCache::disabled(),
         });
-        let events = EventHub::new(metadata.clone(), entry_cache.clone(), shutdown).await?;
+        let events = EventHub::new(
+            metadata.clone(),
+            entry_cache.clone(),
+            shutdown,
+            Duration::from_millis(config.storage.events_poll_ms),
+        )
+        .await?;
         let sessions = SessionService::new(metadata.clone());
         Ok(Self {
             storage: StorageService::new(

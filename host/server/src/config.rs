@@ -166,6 +166,9 @@ pub struct StorageConfig {
     /// Seconds any metadata or blob operation may take before the request gets 503
     /// (a backing store that is down or unreachable).
     pub timeout_secs: u64,
+    /// Milliseconds between looks for events this process was not told about: another
+    /// instance's commits whose PostgreSQL notification was lost (a reconnect).
+    pub events_poll_ms: u64,
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
@@ -273,7 +276,7 @@ impl Config {
             .extract()
             .map_err(|e| ConfigError::Invalid(describe(e, file)))?;
         config.read_secret_files()?;
-        config.validate()?;
+        check_loaded(&config, &figment, file)?;
         Ok(config)
     }
 
@@ -296,7 +299,7 @@ impl Config {
             .extract()
             .map_err(|e| ConfigError::Invalid(describe(e, Some(file))))?;
         config.read_secret_files()?;
-        config.validate()?;
+        check_loaded(&config, &figment, Some(file))?;
         Ok(config)
     }
 
@@ -351,7 +354,13 @@ impl Config {
 
     /// Checks the rules no type expresses (limits at least 1, keys that go together).
     pub fn validate(&self) -> Result<(), ConfigError> {
-        let storage = &self.storage;
+        self.check(&|key| key.to_owned())
+    }
+
+    /// [`Config::validate`], naming each setting as `name` says (where it came from: an
+    /// environment variable or a file), and every problem, not only the first.
+    fn check(&self, name: &dyn Fn(&str) -> String) -> Result<(), ConfigError> {
+        let mut problems = Vec::new();
         let limits = &self.rate_limit;
         for (key, value) in [
             (
@@ -368,9 +377,10 @@ impl Config {
             ),
         ] {
             if value == 0 {
-                return Err(ConfigError::Invalid(format!(
-                    "{key} must be at least 1 (set rate_limit.enabled = false to turn limits off)"
-                )));
+                problems.push(format!(
+                    "{} must be at least 1 (set rate_limit.enabled = false to turn limits off)",
+                    name(key)
+                ));
             }
         }
         for (key, value) in [
@@ -386,24 +396,39 @@ impl Config {
             ("http.upload_timeout_secs", self.http.upload_timeout_secs),
             ("http.max_connections", self.http.max_connections as u64),
             ("storage.timeout_secs", self.storage.timeout_secs),
+            ("storage.events_poll_ms", self.storage.events_poll_ms),
             ("storage.pool_size", u64::from(self.storage.pool_size)),
+            ("storage.max_value_bytes", self.storage.max_value_bytes),
         ] {
             if value == 0 {
-                return Err(ConfigError::Invalid(format!("{key} must be at least 1")));
+                problems.push(format!("{} must be at least 1", name(key)));
             }
         }
         if self.http.tls_cert_file.is_some() != self.http.tls_key_file.is_some() {
-            return Err(ConfigError::Invalid(
-                "http.tls_cert_file and http.tls_key_file go together: set both or neither".into(),
+            problems.push(format!(
+                "{} and {} go together: set both or neither",
+                name("http.tls_cert_file"),
+                name("http.tls_key_file")
             ));
         }
-        if storage.max_value_bytes == 0 {
-            return Err(ConfigError::Invalid(
-                "storage.max_value_bytes must be at least 1".into(),
-            ));
+        if problems.is_empty() {
+            Ok(())
+        } else {
+            Err(ConfigError::Invalid(problems.join("; ")))
         }
-        Ok(())
     }
+}
+
+/// Checks `config`, naming each setting where `figment` got it from.
+fn check_loaded(
+    config: &Config,
+    figment: &Figment,
+    file: Option<&Path>,
+) -> Result<(), ConfigError> {
+    config.check(&|key| {
+        let path: Vec<String> = key.split('.').map(str::to_owned).collect();
+        origin(figment.find_metadata(key), &path, file)
+    })
 }
 
 /// Prefix of the environment variables that override settings.
@@ -487,6 +512,39 @@ mod tests {
         assert_eq!(c.storage.quota_bytes, 100 * 1024 * 1024);
         assert_eq!(c.storage.max_value_bytes, 10 * 1024 * 1024);
         assert_eq!(c.signup.mode, SignupMode::Open);
+        // Chosen for a public server and a first try (docs/OPERATIONS.md "Rate limits"
+        // says why); DESIGN.md's sample shows lower figures.
+        assert_eq!(c.rate_limit.anonymous_per_minute, 600);
+        assert_eq!(c.rate_limit.authenticated_per_minute, 1200);
+        assert_eq!(c.rate_limit.signup_token_check_per_minute, 10);
+    }
+
+    #[test]
+    fn invalid_values_are_all_named_where_they_were_set() {
+        figment::Jail::expect_with(|jail| {
+            let dir = tempfile::tempdir().unwrap();
+            let path = dir.path().join("c.toml");
+            std::fs::write(&path, "[http]\nidle_timeout_secs = 0\n").unwrap();
+            jail.set_env("HOMESERVER__RATE_LIMIT__ANONYMOUS_PER_MINUTE", "0");
+            jail.set_env("HOMESERVER__STORAGE__POOL_SIZE", "0");
+            let err = Config::load(Some(&path)).unwrap_err().to_string();
+            assert!(
+                err.contains("HOMESERVER__RATE_LIMIT__ANONYMOUS_PER_MINUTE must be at least 1"),
+                "{err}"
+            );
+            assert!(
+                err.contains("HOMESERVER__STORAGE__POOL_SIZE must be at least 1"),
+                "{err}"
+            );
+            assert!(
+                err.contains(&format!(
+                    "http.idle_timeout_secs (in {}) must be at least 1",
+                    path.display()
+                )),
+                "{err}"
+            );
+            Ok(())
+        });
     }
 
     #[test]

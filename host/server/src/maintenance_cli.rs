@@ -185,21 +185,17 @@ async fn execute(config: Config, command: Command) -> Result<ExitCode, String> {
                 summary.signup_tokens,
                 summary.sessions
             );
-            // Verify: the target holds what the source does.
-            let (a, b) = (
-                from.metadata.stats().await.map_err(|e| e.to_string())?,
-                into.metadata.stats().await.map_err(|e| e.to_string())?,
-            );
-            if a != b {
-                return Err(format!(
-                    "after the copy the target has {} users and {} bytes, the source {} and {}",
-                    b.users, b.total_storage, a.users, a.total_storage
-                ));
-            }
+            // Verify: the target holds what the source does, entry by entry.
+            let checked = maintenance::verify_copy(&from, &into)
+                .await
+                .map_err(|e| format!("{e} (run the same command again to copy what is missing)"))?;
             eprintln!(
-                "verified: {} users, {} bytes on both; point the servers at {} and start them",
-                a.users,
-                a.total_storage,
+                "verified: {} users, {} entries ({} bytes) with their values, and the event \
+                 log up to cursor {} match on both; point the servers at {} and start them",
+                checked.users,
+                checked.entries,
+                checked.bytes,
+                checked.latest_cursor,
                 to.display()
             );
             Ok(ExitCode::SUCCESS)

@@ -31,8 +31,9 @@ use crate::persistence::metadata::{EventQuery, EventRecord, ReverseEventQuery};
 const RING_CAPACITY: usize = 16 * 1024;
 /// Rows per database read.
 const BATCH: u32 = 1000;
-/// How often the tailer looks for commits it was not told about (other instances).
-const POLL_INTERVAL: Duration = Duration::from_millis(500);
+/// How often the tailer looks for commits it was not told about, by default (the
+/// configured `storage.events_poll_ms`).
+pub const DEFAULT_POLL_INTERVAL: Duration = Duration::from_millis(500);
 
 /// Largest page of `/events/`, and its default.
 pub const MAX_FEED_LIMIT: u32 = 1000;
@@ -86,6 +87,8 @@ pub struct EventHub {
     head: watch::Sender<u64>,
     wake: Notify,
     stop: CancellationToken,
+    /// How often the tailer looks without being told.
+    poll_interval: Duration,
 }
 
 /// What a subscriber asked for.
@@ -112,12 +115,15 @@ impl Subscription {
 }
 
 impl EventHub {
+    /// A hub whose tailer also polls every `poll_interval` for commits it was not told
+    /// about (another instance's, when a notification was lost).
     pub async fn new(
         metadata: Arc<dyn MetadataStore>,
         entry_cache: Arc<EntryCache>,
         stop: CancellationToken,
+        poll_interval: Duration,
     ) -> Result<Arc<Self>, ServiceError> {
-        Self::with_ring_capacity(metadata, entry_cache, stop, RING_CAPACITY).await
+        Self::build(metadata, entry_cache, stop, RING_CAPACITY, poll_interval).await
     }
 
     /// Like [`new`](Self::new) with a chosen ring size (tests use a tiny one).
@@ -126,6 +132,23 @@ impl EventHub {
         entry_cache: Arc<EntryCache>,
         stop: CancellationToken,
         ring_capacity: usize,
+    ) -> Result<Arc<Self>, ServiceError> {
+        Self::build(
+            metadata,
+            entry_cache,
+            stop,
+            ring_capacity,
+            DEFAULT_POLL_INTERVAL,
+        )
+        .await
+    }
+
+    async fn build(
+        metadata: Arc<dyn MetadataStore>,
+        entry_cache: Arc<EntryCache>,
+        stop: CancellationToken,
+        ring_capacity: usize,
+        poll_interval: Duration,
     ) -> Result<Arc<Self>, ServiceError> {
         let head = metadata.latest_cursor().await?;
         Ok(Arc::new(Self {
@@ -139,6 +162,7 @@ impl EventHub {
             head: watch::Sender::new(head),
             wake: Notify::new(),
             stop,
+            poll_interval,
         }))
     }
 
@@ -172,7 +196,7 @@ impl EventHub {
                         None => std::future::pending().await,
                     }
                 } => {}
-                _ = tokio::time::sleep(POLL_INTERVAL) => {}
+                _ = tokio::time::sleep(self.poll_interval) => {}
             }
             if let Err(e) = self.catch_up().await {
                 tracing::warn!(error = %e, "event tailer could not read new events");

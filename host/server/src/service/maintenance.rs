@@ -632,6 +632,72 @@ pub async fn migrate(
     Ok(summary)
 }
 
+/// What [`verify_copy`] compared.
+#[derive(Debug, Clone, Default, Serialize)]
+pub struct VerifySummary {
+    pub users: u64,
+    pub entries: u64,
+    pub bytes: u64,
+    pub latest_cursor: u64,
+}
+
+/// Checks that `to` holds what `from` does, after [`migrate`]: every user with the same
+/// usage, quota and state; every entry with the same path, size, content hash, blob key
+/// and dates, and its value on the target's blob store at its size; the same latest
+/// event cursor. Returns what it compared, or the first difference.
+pub async fn verify_copy(from: &Stores, to: &Stores) -> Result<VerifySummary, ServiceError> {
+    let mut summary = VerifySummary::default();
+    let differ = |what: String| ServiceError::Internal(format!("the copy differs: {what}"));
+    all_users(from.metadata.as_ref(), async |users| {
+        for user in users {
+            let key = &user.public_key;
+            match to.metadata.user(key).await? {
+                Some(copy) if copy == user => {}
+                Some(_) => return Err(differ(format!("user {key}"))),
+                None => return Err(differ(format!("user {key} is missing"))),
+            }
+            summary.users += 1;
+            all_entries(from.metadata.as_ref(), key, async |entries| {
+                for entry in entries {
+                    match to.metadata.entry(key, &entry.path).await? {
+                        Some(copy) if copy == entry => {}
+                        Some(_) => return Err(differ(format!("{key}{}", entry.path))),
+                        None => return Err(differ(format!("{key}{} is missing", entry.path))),
+                    }
+                    if to.blobs.size_of(&entry.blob_key).await? != Some(entry.size) {
+                        return Err(differ(format!(
+                            "the value of {key}{} is missing or cut short",
+                            entry.path
+                        )));
+                    }
+                    summary.entries += 1;
+                    summary.bytes += entry.size;
+                }
+                Ok(())
+            })
+            .await?;
+        }
+        Ok(())
+    })
+    .await?;
+    let cursor = from.metadata.latest_cursor().await?;
+    let copied = to.metadata.latest_cursor().await?;
+    if cursor != copied {
+        return Err(differ(format!(
+            "the latest event is {copied}, the source's {cursor}"
+        )));
+    }
+    let (a, b) = (from.metadata.stats().await?, to.metadata.stats().await?);
+    if a != b {
+        return Err(differ(format!(
+            "{} users and {} bytes, the source {} and {}",
+            b.users, b.total_storage, a.users, a.total_storage
+        )));
+    }
+    summary.latest_cursor = cursor;
+    Ok(summary)
+}
+
 /// Streams one value from one blob store to another under the same key.
 async fn copy_blob(
     from: &BlobStore,

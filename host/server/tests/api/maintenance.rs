@@ -378,39 +378,62 @@ async fn migrate_copies_a_deployment_and_resumes_after_a_kill() {
             .unwrap()
     };
 
-    // Killed half-way: once the target holds some values but not all.
+    // Killed half-way: once the first user's entries (hence values) are on the target,
+    // before the second user's are.
+    let first = users.iter().map(|k| k.public_key().to_z32()).min().unwrap();
     let mut child = migrate(&target_file);
     let target_store = homeserver::persistence::open_metadata(
         &target_config.storage.database_url,
         &Default::default(),
     )
-    .await;
-    let mut killed_early = false;
-    let deadline = std::time::Instant::now() + Duration::from_secs(60);
-    if let Ok(store) = target_store {
-        while std::time::Instant::now() < deadline {
-            if let Ok(Some(status)) = child.try_wait() {
-                assert!(status.success(), "migrate failed before the kill");
-                break;
-            }
-            let copied = store.stats().await.map(|s| s.total_storage).unwrap_or(0);
-            if copied > 0 {
-                child.kill().unwrap();
-                killed_early = true;
-                break;
-            }
-            tokio::time::sleep(Duration::from_millis(5)).await;
+    .await
+    .unwrap();
+    let deadline = std::time::Instant::now() + Duration::from_secs(120);
+    let killed = loop {
+        if let Ok(Some(status)) = child.try_wait() {
+            panic!("migrate ended ({status}) before it could be killed half-way");
         }
-        store.close().await;
-    }
+        assert!(
+            std::time::Instant::now() < deadline,
+            "migrate copied nothing"
+        );
+        let copied = target_store
+            .entries(homeserver::persistence::metadata::EntryRange {
+                user: &first,
+                after: "/",
+                before: "~",
+                descending: false,
+                limit: 1,
+            })
+            .await
+            .map(|e| !e.is_empty())
+            .unwrap_or(false);
+        if copied {
+            child.kill().unwrap();
+            break true;
+        }
+        tokio::time::sleep(Duration::from_millis(2)).await;
+    };
     let _ = child.wait();
-    eprintln!("migrate killed before it finished: {killed_early}");
+    target_store.close().await;
+    assert!(killed);
 
-    // Run again: it completes and verifies.
+    // Run again: it resumes (the values already there are not sent again), completes
+    // and verifies entry by entry.
     let out = migrate(&target_file).wait_with_output().unwrap();
     let said = String::from_utf8_lossy(&out.stderr).into_owned();
     assert!(out.status.success(), "{said}");
     assert!(said.contains("verified"), "{said}");
+    let already: u64 = said
+        .split("; ")
+        .nth(1)
+        .and_then(|rest| rest.split(' ').next())
+        .and_then(|n| n.parse().ok())
+        .unwrap_or_else(|| panic!("no count of values already there: {said}"));
+    assert!(
+        (59..118).contains(&already),
+        "the first user's 59 values were there already, not the second's: {said}"
+    );
 
     // The copy serves the same values, dates and event feed (cursors included).
     let target = TestHost::start_in(target_dir, target_config).await;

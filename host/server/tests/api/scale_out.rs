@@ -1,8 +1,9 @@
 //! Scale-out: the S3 blob store (object_store's own conformance helpers, multipart
 //! values, an aborted upload), backing stores that go down and come back (503, then
 //! recovery by itself, no partial write), and two real server processes sharing one
-//! PostgreSQL database and one bucket (read-after-write, live events, replay marks,
-//! signup tokens, quotas, account deletion, event order).
+//! PostgreSQL database and one bucket (read-after-write, live events woken by NOTIFY,
+//! replay marks, signup tokens, sessions and their revocation, quotas, account
+//! deletion, event order).
 //!
 //! Tests that need PostgreSQL or the S3 server skip with a printed reason when those
 //! are missing, and fail when `CI=true`.
@@ -311,6 +312,82 @@ async fn postgres_down_answers_503_and_the_server_recovers_by_itself() {
     .await;
 }
 
+/// A database that stops answering (a partition: connections stay open, nothing comes
+/// back) must not hang requests until TCP gives up: they end with 503 within the
+/// configured deadline, and the server recovers by itself when the database answers.
+#[tokio::test]
+async fn a_database_that_hangs_answers_503_not_never() {
+    let Some(db) = PgDatabase::or_skip("a_database_that_hangs_answers_503_not_never") else {
+        return;
+    };
+    let real: url::Url = db.url.expose_secret().parse().unwrap();
+    let upstream = format!(
+        "{}:{}",
+        real.host_str().unwrap(),
+        real.port().unwrap_or(5432)
+    )
+    .parse()
+    .unwrap();
+    let proxy = TcpProxy::start(upstream).await;
+    let mut through = real.clone();
+    through.set_port(Some(proxy.addr.port())).unwrap();
+    let host = TestHost::start_with(|c| {
+        c.storage.database_url = DatabaseUrl::parse(through.as_str()).unwrap();
+        c.storage.timeout_secs = 2;
+    })
+    .await;
+    let alice = host.user().await;
+    assert_eq!(host.put(&alice, "/pub/a", b"one").await.status(), 200);
+
+    proxy.stall();
+    // Far beyond the 2 s deadline, far below TCP's own give-up: a hang fails here.
+    let patient = reqwest::Client::builder()
+        .timeout(Duration::from_secs(60))
+        .build()
+        .unwrap();
+    for (method, path, body) in [
+        (Method::PUT, "/pub/hung", &b"never stored"[..]),
+        (Method::GET, "/pub/a", &b""[..]),
+    ] {
+        let started = Instant::now();
+        let response = signed_request(
+            &patient,
+            &host.url,
+            &alice,
+            method.clone(),
+            path,
+            body.to_vec(),
+            now(),
+        )
+        .send()
+        .await
+        .unwrap_or_else(|e| panic!("{method} {path} hung with the database: {e}"));
+        let e = expect_error(response, 503, ErrorCode::ServiceUnavailable).await;
+        eprintln!(
+            "{method} {path} with the database hung: 503 after {:?} ({})",
+            started.elapsed(),
+            e.message
+        );
+    }
+
+    proxy.unstall();
+    eventually("writes work again", Duration::from_secs(30), || async {
+        host.put(&alice, "/pub/b", b"two").await.status() == 200
+    })
+    .await;
+    assert_eq!(
+        host.get(&alice, "/pub/hung").await.status(),
+        404,
+        "nothing half written"
+    );
+    assert_consistent(
+        &host,
+        &alice,
+        &[("/pub/a", b"one".to_vec()), ("/pub/b", b"two".to_vec())],
+    )
+    .await;
+}
+
 /// A commit that outlives the deadline: the client hears 503, but PostgreSQL finishes
 /// the commit after all. The value must then be whole: its blob may not be deleted as if
 /// the write had failed, nor the write run again (which would look like a replay).
@@ -503,14 +580,25 @@ async fn two_instances_read_each_others_writes_at_once() {
     };
     let alice = Keypair::random();
     assert_eq!(p.sign_up(&p.a, &alice, None).await, StatusCode::CREATED);
+    let read = |on: &ServerProcess| {
+        p.http
+            .get(format!("{}/pub/shared.txt", on.url))
+            .header("Pubky-Host", alice.public_key().to_z32())
+            .send()
+    };
     // Each write answered by one instance is what the very next read on the other
-    // returns, overwrites included (no cache may hold the old value).
+    // returns, overwrites included: the reader read the old value just before (so a
+    // cache of its own would hold it).
     for round in 0..20u32 {
         let (writer, reader) = if round % 2 == 0 {
             (&p.a, &p.b)
         } else {
             (&p.b, &p.a)
         };
+        let before = read(reader).await.unwrap();
+        if round > 0 {
+            assert_eq!(before.text().await.unwrap(), format!("round {}", round - 1));
+        }
         let body = format!("round {round}");
         let r = p
             .signed(
@@ -534,6 +622,7 @@ async fn two_instances_read_each_others_writes_at_once() {
         assert_eq!(r.text().await.unwrap(), body, "round {round}");
     }
     // A delete on one instance is a 404 on the other at once.
+    assert_eq!(read(&p.a).await.unwrap().status(), 200);
     let r = p
         .signed(&p.b, &alice, Method::DELETE, "/pub/shared.txt", b"")
         .send()
@@ -550,7 +639,14 @@ async fn two_instances_read_each_others_writes_at_once() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn live_streams_on_one_instance_see_writes_on_the_other() {
-    let Some(p) = pair("live_streams_on_one_instance", &[]).await else {
+    // The tailers' own polling is made too slow to matter: what B hears of A's
+    // writes, it hears from PostgreSQL's notifications.
+    let Some(p) = pair(
+        "live_streams_on_one_instance",
+        &[("HOMESERVER__STORAGE__EVENTS_POLL_MS", "600000")],
+    )
+    .await
+    else {
         return;
     };
     let alice = Keypair::random();
@@ -639,6 +735,66 @@ async fn replay_marks_tokens_quotas_and_deletion_hold_across_instances() {
         .await
         .unwrap();
     assert_eq!(replay.status(), 401, "replayed on the other instance");
+
+    // A session minted on A works on B; revoked on B, it is refused on A at once
+    // (and a disabled owner's session too).
+    let minted: Value = p
+        .signed(
+            &p.a,
+            &alice,
+            Method::POST,
+            "/auth/session",
+            br#"{"capabilities":["*:/pub/"],"ttl":600}"#,
+        )
+        .send()
+        .await
+        .unwrap()
+        .json()
+        .await
+        .unwrap();
+    let token = minted["token"].as_str().unwrap().to_owned();
+    let with_session = |on: &ServerProcess, method: Method| {
+        p.http
+            .request(method, format!("{}/pub/s.txt", on.url))
+            .bearer_auth(&token)
+    };
+    let r = with_session(&p.b, Method::PUT)
+        .body("s")
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(r.status(), 200, "a session minted on A, used on B");
+    assert_eq!(
+        with_session(&p.a, Method::GET)
+            .send()
+            .await
+            .unwrap()
+            .status(),
+        200
+    );
+    let r = p
+        .http
+        .delete(format!("{}/auth/session", p.b.url))
+        .bearer_auth(&token)
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(r.status(), 204);
+    assert_eq!(
+        with_session(&p.a, Method::GET)
+            .send()
+            .await
+            .unwrap()
+            .status(),
+        401,
+        "revoked on B, refused on A at once"
+    );
+    let r = p
+        .signed(&p.a, &alice, Method::DELETE, "/pub/s.txt", b"")
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(r.status(), 200);
 
     // A quota set on A binds writes on both, racing.
     let key = alice.public_key().to_z32();
