@@ -1,0 +1,25 @@
+//! The command line of `pkbot`.
+
+use std::path::PathBuf;
+
+use clap::Parser;
+
+/// The mention bot: answers posts that mention it with a thread summary or a
+/// fact-check. With no config it runs in local mode against a homeserver on
+/// 127.0.0.1:6286, with its data under ./data.
+#[derive(Debug, Parser)]
+#[command(name = "pkbot", version)]
+pub struct Cli {
+    /// A TOML config file (defaults: host/bot/config.default.toml; every key can also be
+    /// set with PKBOT__SECTION__KEY, and the spec's MENTION_POLL_INTERVAL_MS,
+    /// WORKER_CONCURRENCY_SUMMARY, WORKER_CONCURRENCY_FACTCHECK, WORKER_TYPE and
+    /// BOT_MNEMONIC).
+    #[arg(long, short, env = "PKBOT_CONFIG")]
+    pub config: Option<PathBuf>,
+    /// Print the effective configuration (secrets hidden) and exit.
+    #[arg(long)]
+    pub print_config: bool,
+    /// Print the bot's public key (from its mnemonic; made if missing) and exit.
+    #[arg(long)]
+    pub pubkey: bool,
+}

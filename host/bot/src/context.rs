@@ -1,0 +1,110 @@
+//! What every stage of the bot needs, built once (see `app`): configuration, the bot's
+//! key and homeserver client, the database, the bus, the index, the guests, the
+//! providers and the metrics, plus a board of what health reports.
+
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
+use std::sync::{Arc, Mutex};
+
+use homeserver_protocol::PublicKey;
+use homeserver_runtime::PolicyRuntime;
+use pk_client::PkClient;
+
+use crate::bus::Bus;
+use crate::config::BotConfig;
+use crate::index::Index;
+use crate::metrics::Metrics;
+use crate::post::MentionMatcher;
+use crate::providers::{AiModel, SearchApi};
+use crate::store::{ActionType, Store};
+
+pub struct BotContext {
+    pub config: BotConfig,
+    /// The bot's public key (its identity on the network).
+    pub key: PublicKey,
+    /// The bot's homeserver, with requests signed by the bot's key.
+    pub homeserver: PkClient,
+    pub store: Store,
+    pub bus: Arc<dyn Bus>,
+    pub index: Arc<dyn Index>,
+    /// The safety filter and the intent classifier.
+    pub guests: Arc<PolicyRuntime>,
+    /// None: local mode.
+    pub ai: Option<Arc<dyn AiModel>>,
+    pub search: Option<Arc<dyn SearchApi>>,
+    pub matcher: MentionMatcher,
+    pub metrics: Arc<Metrics>,
+    pub status: StatusBoard,
+}
+
+/// What the health endpoint reports that no store holds.
+#[derive(Default)]
+pub struct StatusBoard {
+    /// Unix seconds of the last poll that worked, and the last error.
+    last_poll: Mutex<(Option<i64>, Option<String>)>,
+    pub signed_up: AtomicBool,
+    busy_summary: AtomicUsize,
+    busy_factcheck: AtomicUsize,
+}
+
+impl StatusBoard {
+    pub fn poll_succeeded(&self, at: i64) {
+        *self.last_poll.lock().unwrap_or_else(|e| e.into_inner()) = (Some(at), None);
+    }
+
+    pub fn poll_failed(&self, error: String) {
+        self.last_poll.lock().unwrap_or_else(|e| e.into_inner()).1 = Some(error);
+    }
+
+    /// (last successful poll, last error since then)
+    pub fn last_poll(&self) -> (Option<i64>, Option<String>) {
+        self.last_poll
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .clone()
+    }
+
+    fn busy(&self, action: ActionType) -> Option<&AtomicUsize> {
+        match action {
+            ActionType::Summary => Some(&self.busy_summary),
+            ActionType::Factcheck => Some(&self.busy_factcheck),
+            ActionType::None => None,
+        }
+    }
+
+    /// Counts an action as running until the guard drops.
+    pub fn running(&self, action: ActionType) -> Running<'_> {
+        if let Some(n) = self.busy(action) {
+            n.fetch_add(1, Ordering::Relaxed);
+        }
+        Running {
+            board: self,
+            action,
+        }
+    }
+
+    pub fn busy_count(&self, action: ActionType) -> usize {
+        self.busy(action).map_or(0, |n| n.load(Ordering::Relaxed))
+    }
+}
+
+pub struct Running<'a> {
+    board: &'a StatusBoard,
+    action: ActionType,
+}
+
+impl Drop for Running<'_> {
+    fn drop(&mut self) {
+        if let Some(n) = self.board.busy(self.action) {
+            n.fetch_sub(1, Ordering::Relaxed);
+        }
+    }
+}
+
+impl BotContext {
+    /// The AI provider's name, or `local`.
+    pub fn ai_name(&self) -> String {
+        self.ai
+            .as_ref()
+            .map_or_else(|| "local".to_owned(), |a| a.name().to_owned())
+    }
+}

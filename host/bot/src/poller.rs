@@ -1,0 +1,157 @@
+//! The mention poller: asks the index for mentions after where it stopped (kept in the
+//! database), records each new one once (idempotency key `mention:{id}`, and the
+//! mention row itself), marks those older than `poller.max_age_secs` `skipped_old`,
+//! and emits `mention.received.v1` for the others. It polls every
+//! `MENTION_POLL_INTERVAL_MS`, and at once when the index says a mention came in.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use tokio_util::sync::CancellationToken;
+
+use crate::bus::{MentionReceived, Message, Topic};
+use crate::context::BotContext;
+use crate::index::{IndexError, Post};
+use crate::store::{Mention, MentionStatus, now_secs};
+
+/// Idempotency keys live this long (the spec's 24 h).
+pub const KEY_LIFETIME: Duration = Duration::from_secs(24 * 3600);
+
+/// Where the poller stopped, per index kind.
+fn position_name(ctx: &BotContext) -> String {
+    format!("poller.{}", ctx.index.kind())
+}
+
+/// Polls until `stop`.
+pub async fn run(ctx: Arc<BotContext>, stop: CancellationToken) {
+    let interval = Duration::from_millis(ctx.config.poller.interval_ms);
+    let wake = ctx.index.new_mentions();
+    loop {
+        let wait = match poll_once(&ctx).await {
+            Ok(_) => interval,
+            Err(IndexError::RateLimited(wait)) => {
+                tracing::warn!(
+                    waitMs = wait.as_millis() as u64,
+                    "the index is rate limiting the poller"
+                );
+                ctx.status
+                    .poll_failed(format!("rate limited for {} s", wait.as_secs()));
+                wait.max(interval)
+            }
+            Err(e) => {
+                tracing::warn!(error = %e, "mention poll failed");
+                ctx.status.poll_failed(e.to_string());
+                interval
+            }
+        };
+        tokio::select! {
+            _ = stop.cancelled() => return,
+            _ = tokio::time::sleep(wait) => {}
+            _ = async {
+                match &wake {
+                    Some(wake) => wake.notified().await,
+                    None => std::future::pending().await,
+                }
+            } => {}
+        }
+    }
+}
+
+/// One poll: every mention the index has after the saved position. Returns how many
+/// were new.
+pub async fn poll_once(ctx: &BotContext) -> Result<usize, IndexError> {
+    let name = position_name(ctx);
+    let mut new = 0;
+    loop {
+        let position = ctx
+            .store
+            .position(&name)
+            .await
+            .map_err(|e| IndexError::Unavailable(e.to_string()))?;
+        let page = ctx.index.mentions_after(position.as_deref()).await?;
+        let full = !page.mentions.is_empty();
+        for post in page.mentions {
+            if ingest(ctx, post).await? {
+                new += 1;
+            }
+        }
+        match page.position {
+            // Saved after the mentions are recorded: a crash in between reads them
+            // again, and each is recorded once.
+            Some(next) if Some(&next) != position.as_ref() => ctx
+                .store
+                .set_position(&name, &next)
+                .await
+                .map_err(|e| IndexError::Unavailable(e.to_string()))?,
+            _ => break,
+        }
+        if !full {
+            break;
+        }
+    }
+    ctx.status.poll_succeeded(now_secs());
+    Ok(new)
+}
+
+/// Records one mention; true when it was new.
+async fn ingest(ctx: &BotContext, post: Post) -> Result<bool, IndexError> {
+    let store_error = |e: crate::store::StoreError| IndexError::Unavailable(e.to_string());
+    let id = post.uri.key();
+    let fresh_key = ctx
+        .store
+        .claim_key(&format!("mention:{id}"), KEY_LIFETIME)
+        .await
+        .map_err(store_error)?;
+    let posted_at = post
+        .uri
+        .timestamp_micros()
+        .map_or_else(now_secs, |us| us / 1_000_000);
+    let age = now_secs().saturating_sub(posted_at);
+    let too_old = age > i64::try_from(ctx.config.poller.max_age_secs).unwrap_or(i64::MAX);
+    let mention = Mention {
+        id: id.clone(),
+        author: post.uri.author.to_z32(),
+        post_id: post.uri.id.clone(),
+        post_uri: post.uri.to_string(),
+        content: post.content,
+        parent_uri: post.parent.map(|p| p.to_string()),
+        posted_at,
+        status: if too_old {
+            MentionStatus::SkippedOld
+        } else {
+            MentionStatus::Pending
+        },
+    };
+    // The row is the lasting guard (keys expire after 24 h).
+    if !ctx
+        .store
+        .insert_mention(&mention)
+        .await
+        .map_err(store_error)?
+    {
+        if fresh_key {
+            tracing::debug!(mentionId = %id, "mention seen before (its key had expired)");
+        }
+        return Ok(false);
+    }
+    ctx.metrics.mentions_received.inc();
+    if too_old {
+        tracing::info!(mentionId = %id, ageSecs = age, "mention too old: skipped");
+        return Ok(true);
+    }
+    tracing::info!(mentionId = %id, author = %mention.author, "mention received");
+    crate::failpoint::hit("after-ingest");
+    // If this fails the mention stays pending, and is driven again at the next start.
+    let _ = ctx
+        .bus
+        .publish(
+            Topic::MentionReceived,
+            Message::MentionReceived(MentionReceived {
+                mention_id: id,
+                author_pubky: mention.author,
+                post_uri: mention.post_uri,
+            }),
+        )
+        .await;
+    Ok(true)
+}

@@ -1,0 +1,480 @@
+//! Real processes for the bot's end-to-end tests: a `homeserver` (the binary built next
+//! to this test), a `pkbot`, users writing pubky.app posts with the client library, and
+//! a local server speaking the OpenAI chat-completions and SearXNG wire formats.
+
+use std::net::{SocketAddr, TcpListener, TcpStream};
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::time::{Duration, Instant};
+
+use homeserver_protocol::{Keypair, PublicKey};
+use pk_client::{ListOptions, PkClient};
+use pkbot::post::{PostUri, PubkyAppPost, now_micros, post_id};
+use serde_json::{Value, json};
+
+pub const PKBOT: &str = env!("CARGO_BIN_EXE_pkbot");
+
+/// Generous bound for waits (never a timing assertion).
+pub const WAIT: Duration = Duration::from_secs(60);
+
+pub fn free_port() -> u16 {
+    TcpListener::bind("127.0.0.1:0")
+        .and_then(|l| l.local_addr())
+        .map(|a| a.port())
+        .expect("a free port")
+}
+
+fn repo() -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR")).join("../..")
+}
+
+fn wait_listening(port: u16, child: &mut Child, what: &str, log: &Path) {
+    let deadline = Instant::now() + WAIT;
+    loop {
+        if TcpStream::connect(("127.0.0.1", port)).is_ok() {
+            return;
+        }
+        if let Ok(Some(status)) = child.try_wait() {
+            panic!(
+                "{what} exited with {status} before listening:\n{}",
+                std::fs::read_to_string(log).unwrap_or_default()
+            );
+        }
+        assert!(Instant::now() < deadline, "{what} did not listen on {port}");
+        std::thread::sleep(Duration::from_millis(50));
+    }
+}
+
+/// The homeserver binary, or None (skipped, with the reason printed; a failure in CI).
+pub fn homeserver_binary_or_skip(test: &str) -> Option<PathBuf> {
+    let bin = std::env::var_os("HOMESERVER_BIN")
+        .map(PathBuf::from)
+        .or_else(|| {
+            // target/<profile>/deps/e2e-xxxx → target/<profile>/homeserver
+            let exe = std::env::current_exe().ok()?;
+            let bin = exe.parent()?.parent()?.join("homeserver");
+            bin.is_file().then_some(bin)
+        });
+    if bin.is_none() {
+        let why = "the homeserver binary is not built next to this test (cargo build -p \
+                   homeserver with the same target dir, or set HOMESERVER_BIN)";
+        assert!(
+            std::env::var("CI").as_deref() != Ok("true"),
+            "CI=true and {why}"
+        );
+        eprintln!("SKIPPED {test}: {why}");
+    }
+    bin
+}
+
+pub struct Homeserver {
+    child: Child,
+    log: PathBuf,
+    pub url: String,
+}
+
+impl Homeserver {
+    pub fn start(bin: &Path, dir: &Path) -> Self {
+        std::fs::create_dir_all(dir).unwrap();
+        let port = free_port();
+        let log = dir.join("homeserver.log");
+        let out = std::fs::File::create(&log).unwrap();
+        let mut child = Command::new(bin)
+            .current_dir(dir)
+            .env("HOMESERVER__HTTP__LISTEN", format!("127.0.0.1:{port}"))
+            .env("HOMESERVER__RATE_LIMIT__ENABLED", "false")
+            .env("HOMESERVER__METRICS__LISTEN", "")
+            .env(
+                "HOMESERVER__STORAGE__DATABASE_URL",
+                format!("sqlite://{}/hs.db", dir.display()),
+            )
+            .env(
+                "HOMESERVER__STORAGE__BLOBS",
+                format!("file://{}/blobs", dir.display()),
+            )
+            .env("HOMESERVER__KEYS__SECRET_KEY_FILE", dir.join("server.key"))
+            .env("HOMESERVER__POLICIES__DIR", dir.join("policies"))
+            .env(
+                "HOMESERVER__POLICIES__CACHE_DIR",
+                std::env::temp_dir().join("homeserver-test-guest-cache"),
+            )
+            .stdin(Stdio::null())
+            .stdout(out.try_clone().unwrap())
+            .stderr(out)
+            .spawn()
+            .expect("the homeserver starts");
+        wait_listening(port, &mut child, "homeserver", &log);
+        Self {
+            child,
+            log,
+            url: format!("http://127.0.0.1:{port}"),
+        }
+    }
+}
+
+impl Drop for Homeserver {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+        if std::thread::panicking() {
+            eprintln!(
+                "--- homeserver log ---\n{}",
+                std::fs::read_to_string(&self.log).unwrap_or_default()
+            );
+        }
+    }
+}
+
+/// A `pkbot` process on its own data folder.
+pub struct BotProcess {
+    child: Option<Child>,
+    dir: PathBuf,
+    env: Vec<(String, String)>,
+    log: PathBuf,
+    pub health: String,
+    pub key: PublicKey,
+    port: u16,
+}
+
+impl BotProcess {
+    /// Starts a bot for the homeserver at `url`, with `extra` settings (env) on top.
+    pub fn start(url: &str, dir: &Path, extra: &[(&str, &str)]) -> Self {
+        std::fs::create_dir_all(dir).unwrap();
+        let port = free_port();
+        let mut env: Vec<(String, String)> = vec![
+            ("PKBOT__HOMESERVER__URL".into(), url.into()),
+            (
+                "PKBOT__IDENTITY__MNEMONIC_FILE".into(),
+                dir.join("bot.mnemonic").display().to_string(),
+            ),
+            (
+                "PKBOT__STORAGE__DATABASE_URL".into(),
+                format!("sqlite://{}/bot.db", dir.display()),
+            ),
+            ("PKBOT__HTTP__LISTEN".into(), format!("127.0.0.1:{port}")),
+            (
+                "PKBOT__POLICIES__DIR".into(),
+                repo().join("policies").display().to_string(),
+            ),
+            ("PKBOT__INDEX__FOLLOW_INTERVAL_MS".into(), "100".into()),
+            ("MENTION_POLL_INTERVAL_MS".into(), "1000".into()),
+            ("RUST_LOG".into(), "info".into()),
+        ];
+        env.extend(extra.iter().map(|(k, v)| (k.to_string(), v.to_string())));
+        let key = {
+            let out = Command::new(PKBOT)
+                .arg("--pubkey")
+                .envs(env.iter().map(|(k, v)| (k, v)))
+                .output()
+                .expect("pkbot --pubkey");
+            assert!(
+                out.status.success(),
+                "{}",
+                String::from_utf8_lossy(&out.stderr)
+            );
+            String::from_utf8(out.stdout)
+                .unwrap()
+                .trim()
+                .parse()
+                .unwrap()
+        };
+        let mut bot = Self {
+            child: None,
+            dir: dir.to_owned(),
+            env,
+            log: dir.join("pkbot.log"),
+            health: format!("http://127.0.0.1:{port}"),
+            key,
+            port,
+        };
+        bot.spawn();
+        bot
+    }
+
+    fn spawn(&mut self) {
+        let out = std::fs::OpenOptions::new()
+            .create(true)
+            .append(true)
+            .open(&self.log)
+            .unwrap();
+        let mut child = Command::new(PKBOT)
+            .current_dir(&self.dir)
+            .envs(self.env.iter().map(|(k, v)| (k, v)))
+            .stdin(Stdio::null())
+            .stdout(out.try_clone().unwrap())
+            .stderr(out)
+            .spawn()
+            .expect("pkbot starts");
+        wait_listening(self.port, &mut child, "pkbot", &self.log);
+        self.child = Some(child);
+    }
+
+    /// kill -9.
+    pub fn kill(&mut self) {
+        if let Some(mut child) = self.child.take() {
+            let _ = child.kill();
+            let _ = child.wait();
+        }
+    }
+
+    pub fn restart(&mut self) {
+        self.kill();
+        self.spawn();
+    }
+
+    /// Sets (or with None removes) a variable for the next start.
+    pub fn set_env(&mut self, name: &str, value: Option<&str>) {
+        self.env.retain(|(k, _)| k != name);
+        if let Some(value) = value {
+            self.env.push((name.into(), value.into()));
+        }
+    }
+
+    /// Waits for the process to end by itself (a failpoint); true when it crashed.
+    pub async fn crashed(&mut self) -> bool {
+        let deadline = Instant::now() + WAIT;
+        loop {
+            let child = self.child.as_mut().expect("running");
+            if let Ok(Some(status)) = child.try_wait() {
+                self.child = None;
+                return !status.success();
+            }
+            assert!(
+                Instant::now() < deadline,
+                "pkbot did not stop:\n{}",
+                self.log_text()
+            );
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+    }
+
+    pub fn log_text(&self) -> String {
+        std::fs::read_to_string(&self.log).unwrap_or_default()
+    }
+
+    pub async fn health(&self) -> Value {
+        reqwest::get(format!("{}/api/health", self.health))
+            .await
+            .unwrap()
+            .json()
+            .await
+            .unwrap()
+    }
+
+    /// The bot's record of a mention: (status, error).
+    pub async fn mention_status(&self, mention: &PostUri) -> Option<(String, Option<String>)> {
+        use sqlx::Connection;
+        let url = format!("sqlite://{}/bot.db?mode=ro", self.dir.display());
+        let mut db = sqlx::SqliteConnection::connect(&url).await.ok()?;
+        sqlx::query_as("SELECT status, error FROM mentions WHERE id = ?")
+            .bind(mention.key())
+            .fetch_optional(&mut db)
+            .await
+            .ok()?
+    }
+
+    /// Waits until the bot has finished with a mention; returns (status, error).
+    pub async fn finished(&self, mention: &PostUri) -> (String, Option<String>) {
+        let deadline = Instant::now() + WAIT;
+        loop {
+            if let Some((status, error)) = self.mention_status(mention).await
+                && !matches!(status.as_str(), "pending" | "processing")
+            {
+                return (status, error);
+            }
+            assert!(
+                Instant::now() < deadline,
+                "the bot never finished {mention}:\n{}",
+                self.log_text()
+            );
+            tokio::time::sleep(Duration::from_millis(100)).await;
+        }
+    }
+}
+
+impl Drop for BotProcess {
+    fn drop(&mut self) {
+        self.kill();
+        if std::thread::panicking() {
+            eprintln!("--- pkbot log ---\n{}", self.log_text());
+        }
+    }
+}
+
+/// A user of the network: a key signed up on the homeserver, writing posts.
+pub struct User {
+    pub client: PkClient,
+    pub key: PublicKey,
+}
+
+impl User {
+    pub async fn new(url: &str) -> Self {
+        let keypair = Keypair::random();
+        let client = PkClient::new(url, Some(keypair.clone())).unwrap();
+        client.signup(None).await.unwrap();
+        Self {
+            client,
+            key: keypair.public_key(),
+        }
+    }
+
+    /// Writes a post (a reply when `parent` is given); returns its URI.
+    pub async fn post(&self, content: &str, parent: Option<&PostUri>) -> PostUri {
+        // Ids are the time in microseconds: keep them distinct when posts come fast.
+        static LAST: AtomicU64 = AtomicU64::new(0);
+        let micros = loop {
+            let now = now_micros() as u64;
+            let last = LAST.load(Ordering::SeqCst);
+            let next = now.max(last + 1);
+            if LAST
+                .compare_exchange(last, next, Ordering::SeqCst, Ordering::SeqCst)
+                .is_ok()
+            {
+                break next as i64;
+            }
+        };
+        let uri = PostUri::new(self.key, post_id(micros));
+        let post = PubkyAppPost {
+            content: content.into(),
+            kind: "short".into(),
+            parent: parent.map(ToString::to_string),
+        };
+        self.client
+            .put_bytes(&uri.path(), serde_json::to_vec(&post).unwrap())
+            .await
+            .unwrap();
+        uri
+    }
+}
+
+/// Every post of `author` on the homeserver: (URI, value).
+pub async fn posts_of(reader: &PkClient, author: PublicKey) -> Vec<(PostUri, PubkyAppPost)> {
+    let entries = match reader
+        .list_all(
+            "/pub/pubky.app/posts/",
+            ListOptions::default(),
+            Some(author),
+        )
+        .await
+    {
+        Ok(entries) => entries,
+        Err(e) if e.is_not_found() => return Vec::new(),
+        Err(e) => panic!("listing posts: {e}"),
+    };
+    let mut posts = Vec::new();
+    for entry in entries {
+        let id = entry.path.rsplit('/').next().unwrap().to_owned();
+        let bytes = reader.get_bytes(&entry.path, Some(author)).await.unwrap();
+        posts.push((
+            PostUri::new(author, id),
+            serde_json::from_slice(&bytes).unwrap(),
+        ));
+    }
+    posts
+}
+
+/// The bot's replies to `mention`.
+pub async fn replies_to(reader: &PkClient, bot: PublicKey, mention: &PostUri) -> Vec<PubkyAppPost> {
+    let parent = mention.to_string();
+    posts_of(reader, bot)
+        .await
+        .into_iter()
+        .map(|(_, p)| p)
+        .filter(|p| p.parent.as_deref() == Some(parent.as_str()))
+        .collect()
+}
+
+/// Waits for the bot's reply to `mention` and returns it.
+pub async fn reply_to(reader: &PkClient, bot: &BotProcess, mention: &PostUri) -> PubkyAppPost {
+    let deadline = Instant::now() + WAIT;
+    loop {
+        let mut replies = replies_to(reader, bot.key, mention).await;
+        if let Some(reply) = replies.pop() {
+            assert!(replies.is_empty(), "more than one reply to {mention}");
+            return reply;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "no reply to {mention}:\n{}",
+            bot.log_text()
+        );
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+}
+
+/// A local server speaking the OpenAI chat-completions and SearXNG wire formats, with
+/// answers made from what the prompt asks; `delay` slows every AI answer.
+pub struct FakeProviders {
+    pub addr: SocketAddr,
+    pub calls: Arc<AtomicU64>,
+    _task: tokio::task::JoinHandle<()>,
+}
+
+impl FakeProviders {
+    pub async fn start(delay: Duration) -> Self {
+        use axum::routing::{get, post};
+        let calls = Arc::new(AtomicU64::new(0));
+        let counter = calls.clone();
+        let app = axum::Router::new()
+            .route(
+                "/v1/chat/completions",
+                post(move |axum::Json(body): axum::Json<Value>| {
+                    let counter = counter.clone();
+                    async move {
+                        counter.fetch_add(1, Ordering::SeqCst);
+                        tokio::time::sleep(delay).await;
+                        axum::Json(chat_answer(&body))
+                    }
+                }),
+            )
+            .route(
+                "/search",
+                get(|| async {
+                    axum::Json(json!({"results": [
+                        {"title": "Bridge history", "url": "https://example.org/bridge", "content": "The bridge opened in 2020."},
+                        {"title": "City news", "url": "https://news.example/bridge-2020", "content": "Opened 2020, on budget."}
+                    ]}))
+                }),
+            );
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let addr = listener.local_addr().unwrap();
+        let task = tokio::spawn(async move {
+            let _ = axum::serve(listener, app).await;
+        });
+        Self {
+            addr,
+            calls,
+            _task: task,
+        }
+    }
+
+    pub fn base(&self) -> String {
+        format!("http://{}", self.addr)
+    }
+}
+
+/// What the fake model answers, by the kind of prompt.
+fn chat_answer(body: &Value) -> Value {
+    let system = body["messages"][0]["content"].as_str().unwrap_or("");
+    let content = if system.contains("Extract the checkable") {
+        json!({"claims": ["The bridge opened in 2020."]}).to_string()
+    } else if system.contains("check one claim") {
+        // One source search returned, one it did not: only the first may be cited.
+        json!({"verdict": "Accurate", "reason": "Both sources say it opened in 2020.",
+               "sources": ["https://example.org/bridge", "https://invented.example/x"]})
+        .to_string()
+    } else if system.contains("route mentions") {
+        json!({"action": "summary", "confidence": 0.8, "reasoning": "asks what the thread says"})
+            .to_string()
+    } else {
+        "• The bridge opened in 2020.\n• It carries trains too.\n• It cost twice the budget.\n• A fourth point".into()
+    };
+    json!({
+        "id": "chatcmpl-test",
+        "object": "chat.completion",
+        "choices": [{"index": 0, "message": {"role": "assistant", "content": content}, "finish_reason": "stop"}],
+        "usage": {"prompt_tokens": 40, "completion_tokens": 20, "total_tokens": 60}
+    })
+}

@@ -1,0 +1,413 @@
+//! End to end with real processes: a homeserver, `pkbot`, users writing pubky.app posts,
+//! and (where a test needs them) local servers speaking the AI and search providers'
+//! wire formats. Each test waits for what it expects (a reply, a mention's final state),
+//! never for a fixed time.
+
+#![allow(clippy::unwrap_used)]
+
+mod fixture;
+
+use std::time::Duration;
+
+use fixture::*;
+use pk_client::PkClient;
+
+/// Bullet lines of a reply.
+fn bullets(text: &str) -> usize {
+    text.lines().filter(|l| l.starts_with("• ")).count()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn local_mode_summarizes_fact_checks_and_honours_the_safety_filter() {
+    let Some(bin) = homeserver_binary_or_skip("local_mode_summarizes") else {
+        return;
+    };
+    let dir = tempfile::tempdir().unwrap();
+    let hs = Homeserver::start(&bin, &dir.path().join("hs"));
+    let bot = BotProcess::start(&hs.url, &dir.path().join("bot"), &[]);
+    let reader = PkClient::new(&hs.url, None).unwrap();
+    let (alice, bob, carol) = (
+        User::new(&hs.url).await,
+        User::new(&hs.url).await,
+        User::new(&hs.url).await,
+    );
+    let handle = format!("pk:{}", bot.key);
+
+    // A thread, then "tl;dr" naming the bot: a summary of at most 3 bullets under it.
+    let root = alice
+        .post(
+            "The new bridge opens on Monday. Traffic downtown should ease once the bridge opens.",
+            None,
+        )
+        .await;
+    let reply = bob
+        .post(
+            "The bridge cost twice its budget. Still, the bridge also carries trains, which matters.",
+            Some(&root),
+        )
+        .await;
+    let mention = carol.post(&format!("tl;dr {handle}"), Some(&reply)).await;
+    let summary = reply_to(&reader, &bot, &mention).await;
+    assert_eq!(summary.kind, "short");
+    assert!(
+        summary.content.starts_with("Local summary"),
+        "{}",
+        summary.content
+    );
+    let n = bullets(&summary.content);
+    assert!((1..=3).contains(&n), "{}", summary.content);
+    assert!(summary.content.contains("bridge"), "{}", summary.content);
+    assert_eq!(bot.finished(&mention).await.0, "completed");
+
+    // A fact-check in local mode: Unverifiable, saying why.
+    let claim = alice
+        .post("The bridge opened in 1850 and is made of cheese.", None)
+        .await;
+    let mention = bob
+        .post(&format!("is this true? {handle}"), Some(&claim))
+        .await;
+    let check = reply_to(&reader, &bot, &mention).await;
+    assert!(
+        check.content.starts_with("Fact-check: Unverifiable"),
+        "{}",
+        check.content
+    );
+    assert!(check.content.contains("no web search"), "{}", check.content);
+
+    // A reply the safety filter blocks is not published; the mention fails, saying so.
+    let spam = alice
+        .post(
+            "Free money for everyone today. Get free money here with free money tricks.",
+            None,
+        )
+        .await;
+    let mention = carol
+        .post(&format!("summarize {handle}"), Some(&spam))
+        .await;
+    let (status, error) = bot.finished(&mention).await;
+    assert_eq!(status, "failed");
+    assert!(error.unwrap_or_default().contains("safety filter"));
+    assert!(replies_to(&reader, bot.key, &mention).await.is_empty());
+    assert!(
+        bot.log_text()
+            .contains("reply blocked by the safety filter")
+    );
+
+    // A mention with no action keyword and no AI classifier: no reply, and why.
+    let mention = bob.post(&format!("hello {handle}, nice day"), None).await;
+    let (status, error) = bot.finished(&mention).await;
+    assert_eq!(status, "completed");
+    assert!(error.unwrap_or_default().contains("no AI classifier"));
+    assert!(replies_to(&reader, bot.key, &mention).await.is_empty());
+
+    // The bot's own posts and replies never count as mentions.
+    let health = bot.health().await;
+    assert_eq!(health["status"], "ok", "{health}");
+    assert_eq!(health["aiProvider"]["mode"], "local");
+    let metrics = reqwest::get(format!("{}/metrics", bot.health))
+        .await
+        .unwrap()
+        .text()
+        .await
+        .unwrap();
+    for series in [
+        "bot_mentions_received_total 4",
+        "bot_replies_published_total 2",
+        "bot_replies_blocked_total 1",
+        "bot_actions_executed_total{status=\"success\",type=\"summary\"} 2",
+        "bot_db_query_duration_seconds_count",
+    ] {
+        assert!(metrics.contains(series), "{series} missing:\n{metrics}");
+    }
+    // The spec's JSON log lines, with their context fields.
+    let line = bot
+        .log_text()
+        .lines()
+        .find(|l| l.contains("\"action done\""))
+        .map(|l| serde_json::from_str::<serde_json::Value>(l).unwrap())
+        .expect("an action log line");
+    for field in [
+        "timestamp",
+        "level",
+        "message",
+        "mentionId",
+        "actionType",
+        "durationMs",
+        "aiProvider",
+        "tokensUsed",
+    ] {
+        assert!(line.get(field).is_some(), "{field} missing in {line}");
+    }
+    assert_eq!(line["level"], "info");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn opt_out_rate_limit_and_thread_cap() {
+    let Some(bin) = homeserver_binary_or_skip("opt_out_rate_limit_and_thread_cap") else {
+        return;
+    };
+    let dir = tempfile::tempdir().unwrap();
+    let hs = Homeserver::start(&bin, &dir.path().join("hs"));
+    let bot = BotProcess::start(
+        &hs.url,
+        &dir.path().join("bot"),
+        &[
+            ("PKBOT__LIMITS__PER_USER_ACTIONS", "2"),
+            ("PKBOT__LIMITS__PER_THREAD_REPLIES", "2"),
+        ],
+    );
+    let reader = PkClient::new(&hs.url, None).unwrap();
+    let handle = format!("pk:{}", bot.key);
+    let (dave, erin, frank) = (
+        User::new(&hs.url).await,
+        User::new(&hs.url).await,
+        User::new(&hs.url).await,
+    );
+
+    // Opting out is confirmed once; then the author is not answered; opting in again is.
+    let out = dave
+        .post(&format!("{handle} stop replying to me"), None)
+        .await;
+    let notice = reply_to(&reader, &bot, &out).await;
+    assert!(
+        notice.content.contains("not reply to you"),
+        "{}",
+        notice.content
+    );
+    let ignored = dave.post(&format!("tl;dr {handle}"), None).await;
+    let (status, error) = bot.finished(&ignored).await;
+    assert_eq!(status, "completed");
+    assert!(error.unwrap_or_default().contains("opted out"));
+    assert!(replies_to(&reader, bot.key, &ignored).await.is_empty());
+    let back = dave
+        .post(&format!("{handle} start replying to me"), None)
+        .await;
+    assert!(
+        reply_to(&reader, &bot, &back)
+            .await
+            .content
+            .contains("again")
+    );
+
+    // Two actions per window: the third mention gets one "pausing" notice, the fourth
+    // nothing.
+    let mut mentions = Vec::new();
+    for i in 0..4 {
+        let topic = erin
+            .post(
+                &format!("Topic {i} is about rivers and boats and rivers."),
+                None,
+            )
+            .await;
+        mentions.push(erin.post(&format!("recap {handle}"), Some(&topic)).await);
+    }
+    for mention in &mentions[..2] {
+        assert!(
+            reply_to(&reader, &bot, mention)
+                .await
+                .content
+                .starts_with("Local summary")
+        );
+    }
+    let pause = reply_to(&reader, &bot, &mentions[2]).await;
+    assert!(pause.content.contains("pausing"), "{}", pause.content);
+    let (status, error) = bot.finished(&mentions[3]).await;
+    assert_eq!(status, "completed");
+    assert!(error.unwrap_or_default().contains("rate limit"));
+    assert!(replies_to(&reader, bot.key, &mentions[3]).await.is_empty());
+
+    // At most two bot replies in one thread.
+    let root = frank
+        .post("Rivers carry boats. Boats carry goods along rivers.", None)
+        .await;
+    let mut last = root.clone();
+    let mut answered = 0;
+    for i in 0..3 {
+        let mention = frank
+            .post(&format!("summary {i} {handle}"), Some(&last))
+            .await;
+        let (status, error) = bot.finished(&mention).await;
+        if replies_to(&reader, bot.key, &mention).await.len() == 1 {
+            answered += 1;
+        } else {
+            assert_eq!(status, "completed");
+            assert!(error.unwrap_or_default().contains("thread reply cap"));
+        }
+        last = mention;
+    }
+    assert_eq!(answered, 2, "the thread cap is 2");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn ai_and_search_providers_over_their_wire_formats() {
+    let Some(bin) = homeserver_binary_or_skip("ai_and_search_providers") else {
+        return;
+    };
+    let dir = tempfile::tempdir().unwrap();
+    let hs = Homeserver::start(&bin, &dir.path().join("hs"));
+    let fake = FakeProviders::start(Duration::ZERO).await;
+    let base = fake.base();
+    let ai_base = format!("{base}/v1");
+    let bot = BotProcess::start(
+        &hs.url,
+        &dir.path().join("bot"),
+        &[
+            ("PKBOT__AI__BASE_URL", ai_base.as_str()),
+            ("PKBOT__AI__API_KEY", "test-key"),
+            ("PKBOT__SEARCH__PROVIDER", "searxng"),
+            ("PKBOT__SEARCH__BASE_URL", base.as_str()),
+        ],
+    );
+    let reader = PkClient::new(&hs.url, None).unwrap();
+    let handle = format!("pk:{}", bot.key);
+    let (alice, bob) = (User::new(&hs.url).await, User::new(&hs.url).await);
+
+    // The model's answer had four bullets: the reply keeps three.
+    let root = alice.post("The bridge opened in 2020.", None).await;
+    let mention = bob.post(&format!("tl;dr {handle}"), Some(&root)).await;
+    let summary = reply_to(&reader, &bot, &mention).await;
+    assert!(
+        summary.content.starts_with("Summary of this thread:"),
+        "{}",
+        summary.content
+    );
+    assert_eq!(bullets(&summary.content), 3, "{}", summary.content);
+
+    // A fact-check: claims, a search per claim, a verdict citing only what search found.
+    let mention = bob
+        .post(&format!("verify this {handle}"), Some(&root))
+        .await;
+    let check = reply_to(&reader, &bot, &mention).await;
+    assert!(
+        check.content.starts_with("Fact-check: Accurate"),
+        "{}",
+        check.content
+    );
+    assert!(
+        check.content.contains("https://example.org/bridge"),
+        "{}",
+        check.content
+    );
+    assert!(
+        !check.content.contains("invented.example"),
+        "a source search did not return was cited"
+    );
+
+    // An ambiguous mention goes to the AI classifier.
+    let mention = bob
+        .post(&format!("{handle} what is going on here"), Some(&root))
+        .await;
+    assert!(
+        reply_to(&reader, &bot, &mention)
+            .await
+            .content
+            .starts_with("Summary")
+    );
+    let health = bot.health().await;
+    assert_eq!(health["aiProvider"]["mode"], "ai", "{health}");
+    let line = bot
+        .log_text()
+        .lines()
+        .filter(|l| l.contains("\"action done\""))
+        .map(|l| serde_json::from_str::<serde_json::Value>(l).unwrap())
+        .find(|l| l["actionType"] == "factcheck")
+        .expect("a factcheck log line");
+    assert!(line["tokensUsed"].as_u64().unwrap() > 0, "{line}");
+    assert_eq!(line["aiProvider"], "127.0.0.1");
+}
+
+/// A crash at each step of the pipeline (the process aborts at a failpoint, as kill -9
+/// would stop it), then a restart: the mention gets exactly one reply.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_crash_at_each_step_still_gives_exactly_one_reply() {
+    let Some(bin) = homeserver_binary_or_skip("a_crash_at_each_step") else {
+        return;
+    };
+    let dir = tempfile::tempdir().unwrap();
+    let hs = Homeserver::start(&bin, &dir.path().join("hs"));
+    let mut bot = BotProcess::start(&hs.url, &dir.path().join("bot"), &[]);
+    let reader = PkClient::new(&hs.url, None).unwrap();
+    let handle = format!("pk:{}", bot.key);
+    let user = User::new(&hs.url).await;
+    for point in [
+        "after-ingest",
+        "after-route",
+        "after-action",
+        "after-reserve",
+        "after-publish",
+    ] {
+        bot.set_env("PKBOT_FAILPOINT", Some(point));
+        bot.restart();
+        let root = user
+            .post(
+                &format!("Crash test at {point}: rivers and boats and rivers."),
+                None,
+            )
+            .await;
+        let mention = user.post(&format!("tl;dr {handle}"), Some(&root)).await;
+        assert!(bot.crashed().await, "the bot did not stop at {point}");
+        bot.set_env("PKBOT_FAILPOINT", None);
+        bot.restart();
+        let (status, _) = bot.finished(&mention).await;
+        assert_eq!(status, "completed", "after a crash {point}");
+        assert_eq!(
+            replies_to(&reader, bot.key, &mention).await.len(),
+            1,
+            "exactly one reply after a crash {point}"
+        );
+    }
+}
+
+/// kill -9 at any moment, restart: every mention still gets exactly one reply.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn killed_and_restarted_at_any_step_one_reply_per_mention() {
+    let Some(bin) = homeserver_binary_or_skip("killed_and_restarted") else {
+        return;
+    };
+    let dir = tempfile::tempdir().unwrap();
+    let hs = Homeserver::start(&bin, &dir.path().join("hs"));
+    // Every AI answer takes 700 ms, so kills land in the middle of actions.
+    let fake = FakeProviders::start(Duration::from_millis(700)).await;
+    let ai_base = format!("{}/v1", fake.base());
+    let mut bot = BotProcess::start(
+        &hs.url,
+        &dir.path().join("bot"),
+        &[
+            ("PKBOT__AI__BASE_URL", ai_base.as_str()),
+            ("WORKER_CONCURRENCY_SUMMARY", "1"),
+            ("PKBOT__LIMITS__PER_USER_ACTIONS", "100"),
+        ],
+    );
+    let reader = PkClient::new(&hs.url, None).unwrap();
+    let handle = format!("pk:{}", bot.key);
+    let users = [User::new(&hs.url).await, User::new(&hs.url).await];
+    let mut mentions = Vec::new();
+    for i in 0..6 {
+        let user = &users[i % 2];
+        let root = user
+            .post(&format!("Post {i}: the bridge and the trains."), None)
+            .await;
+        mentions.push(user.post(&format!("tl;dr {handle}"), Some(&root)).await);
+    }
+    // Kill at several moments while the mentions are being worked on.
+    for pause in [300, 900, 1500, 2100] {
+        tokio::time::sleep(Duration::from_millis(pause)).await;
+        bot.restart();
+    }
+    for mention in &mentions {
+        let (status, _) = bot.finished(mention).await;
+        assert_eq!(status, "completed", "{mention}");
+        assert_eq!(
+            replies_to(&reader, bot.key, mention).await.len(),
+            1,
+            "exactly one reply to {mention}"
+        );
+    }
+    assert!(fake.calls.load(std::sync::atomic::Ordering::SeqCst) >= 6);
+    // The kills did land in the middle of the work: a restart had some to resume.
+    assert!(
+        bot.log_text()
+            .contains("resuming what the last stop left unfinished"),
+        "no restart found unfinished work"
+    );
+}
