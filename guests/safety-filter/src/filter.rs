@@ -14,6 +14,10 @@
 //!   by spaces (`fr ee`).
 //! - A letter may be stretched: `scaaaam` matches `scam`. Only stretches to three or
 //!   more count, so that the term `god` does not match `good`.
+//! - A term's last word may be inflected: an ending from `inflections` (default `s es
+//!   ed d ing er ers ies y ic ish`) may follow it, also after a doubled last letter
+//!   (`idiots`, `scammers`, `scamming`, `crappy`, `moronic`). Anything else after it is
+//!   another word (`scampi`, `assess` stay clean).
 
 use text_fold::{Options, config_bool, config_items, config_lines, tokenize};
 
@@ -59,7 +63,12 @@ pub struct Filter {
     enabled: bool,
     block_on_match: bool,
     lists: Vec<Wordlist>,
+    /// Endings a term's last word may take, as skeletons.
+    inflections: Vec<Vec<char>>,
 }
+
+/// The endings a term may take when `inflections` is not configured.
+const INFLECTIONS: &str = "s es ed d ing er ers ies y ic ish";
 
 impl Filter {
     /// Reads the settings through `get`; `keys` lists every config key (used to find
@@ -88,10 +97,18 @@ impl Filter {
                 Some(Wordlist { name, terms })
             })
             .collect();
+        let inflections = get("inflections")
+            .unwrap_or_else(|| INFLECTIONS.to_owned())
+            .split_whitespace()
+            .flat_map(|e| e.split(','))
+            .map(|e| skeleton(e).chars().collect::<Vec<char>>())
+            .filter(|e| !e.is_empty())
+            .collect();
         Self {
             enabled: flag("enabled"),
             block_on_match: flag("blockOnMatch"),
             lists,
+            inflections,
         }
     }
 
@@ -104,7 +121,7 @@ impl Filter {
         let mut found: Vec<(usize, Match)> = Vec::new();
         for list in &self.lists {
             for term in &list.terms {
-                if let Some(at) = haystack.find(&term.runs) {
+                if let Some(at) = haystack.find(&term.runs, &self.inflections) {
                     let m = Match {
                         term: term.written.clone(),
                         list: list.name.clone(),
@@ -124,13 +141,17 @@ impl Filter {
     }
 }
 
+/// A text's skeleton (see the module): its words, read, concatenated.
+fn skeleton(text: &str) -> String {
+    tokenize(text, SKELETON)
+        .into_iter()
+        .map(|t| t.text)
+        .collect()
+}
+
 impl Term {
     fn new(written: &str) -> Option<Self> {
-        let skeleton: String = tokenize(written, SKELETON)
-            .into_iter()
-            .map(|t| t.text)
-            .collect();
-        let runs = run_lengths(&skeleton);
+        let runs = run_lengths(&skeleton(written));
         (!runs.is_empty()).then(|| Self {
             written: written.to_owned(),
             runs,
@@ -191,15 +212,29 @@ impl Haystack {
         Self { chars, boundary }
     }
 
-    /// Where the term `runs` first matches, from a word start to a word end.
-    fn find(&self, runs: &[(char, usize)]) -> Option<usize> {
+    /// Where the term `runs` first matches, from a word start to a word end (or an
+    /// inflection ending there).
+    fn find(&self, runs: &[(char, usize)], inflections: &[Vec<char>]) -> Option<usize> {
         let first = runs.first()?.0;
         (0..self.chars.len())
             .filter(|&p| self.boundary[p] && self.chars[p] == first)
-            .find(|&p| self.matches_at(runs, p))
+            .find(|&p| self.matches_at(runs, p, inflections))
     }
 
-    fn matches_at(&self, runs: &[(char, usize)], start: usize) -> bool {
+    /// Whether the word goes on from `at` to its end with one of `inflections` (after
+    /// an optional doubling of `last`, the term's last letter).
+    fn inflected_end(&self, at: usize, last: char, inflections: &[Vec<char>]) -> bool {
+        let Some(len) = (at..self.chars.len()).position(|i| self.boundary[i + 1]) else {
+            return false;
+        };
+        let rest = &self.chars[at..=at + len];
+        let undoubled = rest.strip_prefix(&[last]).unwrap_or(rest);
+        inflections
+            .iter()
+            .any(|e| e.as_slice() == rest || e.as_slice() == undoubled)
+    }
+
+    fn matches_at(&self, runs: &[(char, usize)], start: usize, inflections: &[Vec<char>]) -> bool {
         let mut i = start;
         for (k, &(c, n)) in runs.iter().enumerate() {
             let available = self.chars[i..].iter().take_while(|&&x| x == c).count();
@@ -208,7 +243,9 @@ impl Haystack {
                 // word ends there (`ass sucks` is `asssucks` concatenated).
                 return (n..=available)
                     .filter(|&len| stretch_ok(n, len))
-                    .any(|len| self.boundary[i + len]);
+                    .any(|len| {
+                        self.boundary[i + len] || self.inflected_end(i + len, c, inflections)
+                    });
             }
             if !stretch_ok(n, available) {
                 return false;
@@ -281,7 +318,7 @@ mod tests {
             "a classic assessment",
             "the bass player passes",
             "c l a s s i c",
-            "scampi and scams",
+            "scampi and scampers",
             "good",
         ] {
             assert!(
@@ -289,6 +326,35 @@ mod tests {
                 "{text:?}: {:?}",
                 terms(&f, text)
             );
+        }
+    }
+
+    #[test]
+    fn inflected_terms_are_caught() {
+        let f = filter(&[
+            ("offensive", "idiot\nmoron\ncrap"),
+            ("spam", "scam\nclick here"),
+        ]);
+        for (text, term) in [
+            ("idiots", "idiot"),
+            ("moronic", "moron"),
+            ("crappy", "crap"),
+            ("scammers", "scam"),
+            ("scamming", "scam"),
+            ("sc4mmed", "scam"),
+            ("click heres", "click here"),
+        ] {
+            assert_eq!(terms(&f, text), [term], "{text}");
+        }
+        for text in [
+            "scampi",
+            "scamper",
+            "crappie",
+            "idiomatic",
+            "moroccan",
+            "crapshoot",
+        ] {
+            assert!(terms(&f, text).is_empty(), "{text}: {:?}", terms(&f, text));
         }
     }
 
@@ -369,5 +435,56 @@ mod tests {
                 assert_eq!(got, want, "{name}");
             }
         }
+    }
+
+    /// The evasion and clean sets (testdata/eval/safety-*.txt) with the shipped
+    /// wordlists: at least 98% of the evasions caught, no clean post blocked.
+    #[test]
+    fn evaluation_sets() {
+        let root = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../..");
+        let read = |p: &str| std::fs::read_to_string(root.join(p)).expect(p);
+        let mut config: BTreeMap<String, String> = BTreeMap::new();
+        for list in ["offensive", "spam", "political"] {
+            config.insert(
+                format!("list.{list}"),
+                read(&format!("policies/wordlists/{list}.txt")),
+            );
+        }
+        let f = Filter::from_config(
+            |k| config.get(k).cloned(),
+            || config.keys().cloned().collect(),
+        );
+        let lines = |p: &str| -> Vec<String> {
+            read(p)
+                .lines()
+                .map(str::trim)
+                .filter(|l| !l.is_empty() && !l.starts_with('#'))
+                .map(str::to_owned)
+                .collect()
+        };
+        let evasions = lines("testdata/eval/safety-evasion.txt");
+        let missed: Vec<&String> = evasions.iter().filter(|t| !f.check(t).blocked).collect();
+        let clean = lines("testdata/eval/safety-clean.txt");
+        let blocked: Vec<(&String, Vec<String>)> = clean
+            .iter()
+            .map(|t| (t, f.check(t)))
+            .filter(|(_, v)| v.blocked)
+            .map(|(t, v)| (t, v.matches.into_iter().map(|m| m.term).collect()))
+            .collect();
+        println!(
+            "evasions: {} of {} caught; clean posts: {} of {} blocked",
+            evasions.len() - missed.len(),
+            evasions.len(),
+            blocked.len(),
+            clean.len()
+        );
+        println!("missed: {missed:?}");
+        println!("blocked: {blocked:?}");
+        assert!(evasions.len() >= 100 && clean.len() >= 70);
+        assert!(
+            missed.len() * 50 <= evasions.len(),
+            "recall under 98%: missed {missed:?}"
+        );
+        assert!(blocked.is_empty(), "clean posts blocked: {blocked:?}");
     }
 }

@@ -34,6 +34,7 @@ pub struct BotConfig {
     pub index: IndexConfig,
     pub poller: PollerConfig,
     pub workers: WorkersConfig,
+    pub router: RouterConfig,
     pub summary: SummaryConfig,
     pub factcheck: FactcheckConfig,
     pub ai: AiConfig,
@@ -112,6 +113,13 @@ pub struct WorkersConfig {
     pub factcheck_concurrency: usize,
     /// "" (everything), or a worker type (needs the Redis bus).
     pub worker_type: String,
+}
+
+#[derive(Debug, Clone, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct RouterConfig {
+    /// Ask the AI classifier about mentions with no action keyword too.
+    pub ask_ai_without_keywords: bool,
 }
 
 #[derive(Debug, Clone, Serialize, Deserialize)]

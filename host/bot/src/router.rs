@@ -3,9 +3,11 @@
 //! In order: mentions by the bot itself or known bots are left alone; the opt-in and
 //! opt-out phrases are honoured (an opted-out author is never answered); the
 //! intent-classifier guest reads the text (without the mention of the bot) and, when
-//! it finds the keywords of exactly one action, that is the answer (`heuristic`); when
-//! it is ambiguous, the AI classifier decides (`llm`: an action or `none`, with a
-//! confidence and its reasoning). An action is then held to the per-thread reply cap
+//! it finds the keywords of exactly one action asked for, that is the answer
+//! (`heuristic`); none asked for is `none` (`heuristic`; with
+//! `router.ask_ai_without_keywords` the AI classifier reads those too); keywords of
+//! both actions, or a failed guest, go to the AI classifier (`llm`: an action or
+//! `none`, with a confidence and its reasoning). An action is then held to the per-thread reply cap
 //! and the per-user rate limit (past it the author hears once that the bot pauses for
 //! them, then nothing until the window ends).
 //!
@@ -172,16 +174,27 @@ async fn decide(ctx: &BotContext, mention: &Mention) -> Result<RoutingDecision, 
                 ),
             ))
         }
-        Intent::Ambiguous { matched } => Ok(matched),
+        Intent::Ambiguous { matched } => Ok((matched, false)),
         Intent::Failed(failure) => {
             tracing::warn!(mentionId = %mention.id, error = %failure, "intent classifier failed: ambiguous");
-            Ok(Vec::new())
+            Ok((Vec::new(), true))
         }
     };
     let mut decision = match candidates {
         Err(decided) => decided,
-        Ok(candidates) if ctx.ai.is_some() => ai_classify(ctx, mention, &text, &candidates).await,
-        Ok(candidates) => heuristic(
+        // No keyword asked for: chatter, unless the operator wants the AI to read
+        // free-form mentions too (a failed guest always goes on to the AI).
+        Ok((candidates, guest_failed))
+            if candidates.is_empty()
+                && !guest_failed
+                && !ctx.config.router.ask_ai_without_keywords =>
+        {
+            heuristic(mention, ActionType::None, "no action keyword asked for")
+        }
+        Ok((candidates, _)) if ctx.ai.is_some() => {
+            ai_classify(ctx, mention, &text, &candidates).await
+        }
+        Ok((candidates, _)) => heuristic(
             mention,
             ActionType::None,
             if candidates.is_empty() {

@@ -615,7 +615,7 @@ fn eval_reads_and_writes_json_lines() {
     .unwrap();
     let answer: serde_json::Value = serde_json::from_slice(&out).unwrap();
     assert_eq!(answer["action"], "factcheck");
-    assert_eq!(answer["matched"][0], "source?");
+    assert_eq!(answer["matched"][0], "source * ?");
 
     let mut out = Vec::new();
     eval_lines(

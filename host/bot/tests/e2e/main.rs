@@ -93,11 +93,11 @@ async fn local_mode_summarizes_fact_checks_and_honours_the_safety_filter() {
             .contains("reply blocked by the safety filter")
     );
 
-    // A mention with no action keyword and no AI classifier: no reply, and why.
+    // A mention with no action keyword: no reply, and why.
     let mention = bob.post(&format!("hello {handle}, nice day"), None).await;
     let (status, error) = bot.finished(&mention).await;
     assert_eq!(status, "completed");
-    assert!(error.unwrap_or_default().contains("no AI classifier"));
+    assert!(error.unwrap_or_default().contains("no action keyword"));
     assert!(replies_to(&reader, bot.key, &mention).await.is_empty());
 
     // The bot's own posts and replies never count as mentions.
@@ -119,6 +119,7 @@ async fn local_mode_summarizes_fact_checks_and_honours_the_safety_filter() {
     ] {
         assert!(metrics.contains(series), "{series} missing:\n{metrics}");
     }
+    promtool_lints(&metrics);
     // The spec's JSON log lines, with their context fields.
     let line = bot
         .log_text()
@@ -224,7 +225,7 @@ async fn opt_out_rate_limit_and_thread_cap() {
     let mut answered = 0;
     for i in 0..3 {
         let mention = frank
-            .post(&format!("summary {i} {handle}"), Some(&last))
+            .post(&format!("summary please {handle} #{i}"), Some(&last))
             .await;
         let (status, error) = bot.finished(&mention).await;
         if replies_to(&reader, bot.key, &mention).await.len() == 1 {
@@ -293,9 +294,9 @@ async fn ai_and_search_providers_over_their_wire_formats() {
         "a source search did not return was cited"
     );
 
-    // An ambiguous mention goes to the AI classifier.
+    // Keywords of both actions: the AI classifier decides (the fake says summary).
     let mention = bob
-        .post(&format!("{handle} what is going on here"), Some(&root))
+        .post(&format!("{handle} summary or fact check?"), Some(&root))
         .await;
     assert!(
         reply_to(&reader, &bot, &mention)
@@ -303,6 +304,13 @@ async fn ai_and_search_providers_over_their_wire_formats() {
             .content
             .starts_with("Summary")
     );
+    // No keyword at all: chatter, no AI call.
+    let calls = fake.calls.load(std::sync::atomic::Ordering::SeqCst);
+    let mention = bob.post(&format!("{handle} what a day"), Some(&root)).await;
+    let (status, error) = bot.finished(&mention).await;
+    assert_eq!(status, "completed");
+    assert!(error.unwrap_or_default().contains("no action keyword"));
+    assert_eq!(fake.calls.load(std::sync::atomic::Ordering::SeqCst), calls);
     let health = bot.health().await;
     assert_eq!(health["aiProvider"]["mode"], "ai", "{health}");
     let line = bot
@@ -410,4 +418,40 @@ async fn killed_and_restarted_at_any_step_one_reply_per_mention() {
             .contains("resuming what the last stop left unfinished"),
         "no restart found unfinished work"
     );
+}
+
+/// `promtool check metrics` on `text`, when installed (CI installs it: there a missing
+/// promtool fails the test).
+fn promtool_lints(text: &str) {
+    use std::io::Write;
+    let child = std::process::Command::new("promtool")
+        .args(["check", "metrics"])
+        .stdin(std::process::Stdio::piped())
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::piped())
+        .spawn();
+    match child {
+        Ok(mut child) => {
+            child
+                .stdin
+                .take()
+                .unwrap()
+                .write_all(text.as_bytes())
+                .unwrap();
+            let out = child.wait_with_output().unwrap();
+            assert!(
+                out.status.success(),
+                "promtool check metrics failed:\n{}{}",
+                String::from_utf8_lossy(&out.stdout),
+                String::from_utf8_lossy(&out.stderr)
+            );
+        }
+        Err(e) => {
+            assert!(
+                std::env::var("CI").as_deref() != Ok("true"),
+                "promtool missing in CI: {e}"
+            );
+            eprintln!("SKIPPED promtool lint: promtool not installed ({e})");
+        }
+    }
 }
