@@ -16,10 +16,12 @@
 //! - [`transfer`]: values to and from local files, checked against their content hash.
 //! - [`tls`]: TLS to a homeserver named by its public key (RFC 7250 raw public keys).
 //! - [`error`]: the [`ClientError`] type.
+//! - [`app`]: pubky.app posts (ids, URIs, the post value), for `pk post` and the bot.
 
 // Tests may unwrap: a panic is the failure report there.
 #![cfg_attr(test, allow(clippy::unwrap_used))]
 
+pub mod app;
 pub mod client;
 pub mod clock;
 pub mod error;

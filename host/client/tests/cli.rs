@@ -1438,3 +1438,68 @@ fn events_against_a_real_homeserver() {
 
     drop(server);
 }
+
+#[test]
+fn posts_and_replies_against_a_real_homeserver() {
+    let Some(bin) = homeserver_binary_or_skip("posts_and_replies_against_a_real_homeserver") else {
+        return;
+    };
+    let dir = tempfile::tempdir().expect("tempdir");
+    let server = Homeserver::start(&bin, dir.path());
+    let (alice_key, bob_key) = (dir.path().join("alice.key"), dir.path().join("bob.key"));
+    let (alice_file, bob_file) = (alice_key.to_str().unwrap(), bob_key.to_str().unwrap());
+    let alice_env = [
+        ("PK_HOMESERVER", server.url.as_str()),
+        ("PK_SECRET_KEY_FILE", alice_file),
+    ];
+    let bob_env = [
+        ("PK_HOMESERVER", server.url.as_str()),
+        ("PK_SECRET_KEY_FILE", bob_file),
+    ];
+    assert_ok(&pk(&["keygen", "--out", alice_file], &[], None));
+    let bob = stdout(&pk(&["keygen", "--out", bob_file], &[], None))
+        .trim()
+        .to_owned();
+    assert_ok(&pk(&["signup"], &alice_env, None));
+    assert_ok(&pk(&["signup"], &bob_env, None));
+
+    let o = pk(&["post", "The bridge opens on Monday."], &alice_env, None);
+    assert_ok(&o);
+    let root = stdout(&o).trim().to_owned();
+    assert!(
+        root.starts_with("pubky://") && root.contains("/pub/pubky.app/posts/"),
+        "{root}"
+    );
+    let reply = json_out(&pk(
+        &["--json", "post", "Finally!", "--reply-to", &root],
+        &bob_env,
+        None,
+    ));
+    assert_eq!(reply["post"]["parent"], root.as_str());
+    assert_eq!(reply["post"]["kind"], "short");
+
+    // Anyone can read Bob's replies to the post.
+    let o = pk(
+        &["replies", &root, "--user", &bob],
+        &[("PK_HOMESERVER", server.url.as_str())],
+        None,
+    );
+    assert_ok(&o);
+    assert!(stdout(&o).contains("Finally!"), "{}", stdout(&o));
+    // None by Alice: an error saying so.
+    let alice = stdout(&pk(&["pubkey"], &alice_env, None)).trim().to_owned();
+    let o = pk(&["replies", &root, "--user", &alice], &alice_env, None);
+    assert!(!o.status.success());
+    assert!(stderr(&o).contains("no reply"), "{}", stderr(&o));
+    // Bad input gets a clear message.
+    let o = pk(
+        &["post", "x", "--reply-to", "https://example.org"],
+        &alice_env,
+        None,
+    );
+    assert!(!o.status.success());
+    assert!(stderr(&o).contains("post URI"), "{}", stderr(&o));
+    let long = "x".repeat(2001);
+    let o = pk(&["post", &long], &alice_env, None);
+    assert!(stderr(&o).contains("at most 2000"), "{}", stderr(&o));
+}

@@ -187,6 +187,27 @@ pub enum Command {
     /// configured.
     Events(EventsArgs),
 
+    /// Publish a pubky.app post (a short one) and print its pubky:// URI.
+    Post {
+        /// The text (at most 2000 characters).
+        text: String,
+        /// Make it a reply to this post (pubky://<key>/pub/pubky.app/posts/<id>).
+        #[arg(long, value_name = "URI")]
+        reply_to: Option<String>,
+    },
+
+    /// Print USER's pubky.app posts that reply to URI, oldest first.
+    Replies {
+        /// The post replied to (pubky://<key>/pub/pubky.app/posts/<id>).
+        uri: String,
+        /// Whose replies to look for (no key needed).
+        #[arg(long, value_name = "Z32")]
+        user: PublicKey,
+        /// Wait up to this many seconds for a first reply (0: look once).
+        #[arg(long, value_name = "SECONDS", default_value_t = 0)]
+        wait: u64,
+    },
+
     /// Print a shell completion script: `pk completions bash > ~/.local/share/bash-completion/completions/pk`.
     Completions {
         /// The shell.

@@ -12,6 +12,7 @@ mod config;
 mod events;
 mod keys;
 mod output;
+mod posts;
 mod storage;
 mod transfer;
 
@@ -133,6 +134,8 @@ async fn run(cli: Cli, matches: &ArgMatches) -> Result<(), CliError> {
         Command::Cp(args) => transfer::cp(&ctx, args).await,
         Command::Sync(args) => transfer::sync(&ctx, args).await,
         Command::Stream(args) => events::stream(&ctx, args).await,
+        Command::Post { text, reply_to } => posts::post(&ctx, &text, reply_to.as_deref()).await,
+        Command::Replies { uri, user, wait } => posts::replies(&ctx, &uri, user, wait).await,
         Command::Events(args) => events::events(&ctx, args).await,
         Command::Completions { shell } => {
             let mut command = Cli::command();
