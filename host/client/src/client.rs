@@ -298,6 +298,39 @@ impl PkClient {
         json(self.send(Method::GET, &target, auth, None, &[]).await?).await
     }
 
+    /// `GET /info`: what the homeserver says of itself (its public key).
+    pub async fn server_info(&self) -> Result<crate::pkarr::ServerInfo, ClientError> {
+        let target = RequestTarget::new(&self.base, "/info", None);
+        json(
+            self.send(Method::GET, &target, Auth::Anonymous, None, &[])
+                .await?,
+        )
+        .await
+    }
+
+    /// `PUT /pkarr`: hands the homeserver this user's pkarr record (see
+    /// [`crate::pkarr`]), so that it republishes it on the DHT. True when it replaced the
+    /// stored one (false: the stored one is as new or newer).
+    pub async fn store_record(&self, packet: &pkarr::SignedPacket) -> Result<bool, ClientError> {
+        #[derive(serde::Deserialize)]
+        struct Stored {
+            stored: bool,
+        }
+        let body = packet.to_relay_payload();
+        let target = RequestTarget::new(&self.base, "/pkarr", None);
+        let response = self
+            .send_write(
+                Method::PUT,
+                &target,
+                BodyHash::of(&body),
+                &Payload::Bytes(body.clone()),
+                None,
+            )
+            .await?;
+        let stored: Stored = json(response).await?;
+        Ok(stored.stored)
+    }
+
     /// `POST /auth/session`: a bearer token limited to `capabilities`
     /// (`<read|write|*>:<path prefix>`) for `ttl` seconds (server default 3600).
     pub async fn create_session(

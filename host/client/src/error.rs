@@ -96,6 +96,10 @@ pub enum ClientError {
     /// The operation needs a signature and the client has no key pair.
     #[error("this operation needs a secret key, and none is configured")]
     MissingKey,
+
+    /// Finding a homeserver or a user's record on the DHT (pkarr) failed.
+    #[error("{0}")]
+    Resolve(String),
 }
 
 fn unexpected_status_text(status: StatusCode, text: &str) -> String {

@@ -15,6 +15,7 @@
 //! - [`response`]: streamed GET answers and entry metadata from headers.
 //! - [`transfer`]: values to and from local files, checked against their content hash.
 //! - [`tls`]: TLS to a homeserver named by its public key (RFC 7250 raw public keys).
+//! - [`pkarr`]: finding homeservers by key on the mainline DHT, and users' records.
 //! - [`error`]: the [`ClientError`] type.
 //! - [`app`]: pubky.app posts (ids, URIs, the post value), for `pk post` and the bot.
 
@@ -26,6 +27,7 @@ pub mod client;
 pub mod clock;
 pub mod error;
 pub mod events;
+pub mod pkarr;
 pub mod response;
 pub mod target;
 pub mod tls;

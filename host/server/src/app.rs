@@ -82,6 +82,9 @@ pub struct AppContext {
     pub metrics: Arc<Metrics>,
     pub rate_limits: RateLimits,
     pub stream_slots: crate::stream_slots::StreamSlots,
+    pub identity: crate::service::identity::IdentityService,
+    /// What the pkarr publisher did last.
+    pub pkarr: Arc<crate::pkarr_publish::PkarrBoard>,
     pub server_key: Keypair,
     /// Users known to exist (a positive cache for rate limiting: keys are free to make,
     /// so only signed-up users get a bucket of their own).
@@ -144,6 +147,7 @@ impl AppContext {
         )
         .await?;
         let sessions = SessionService::new(metadata.clone());
+        let pkarr_board = Arc::new(crate::pkarr_publish::PkarrBoard::default());
         Ok(Self {
             storage: StorageService::new(
                 metadata.clone(),
@@ -166,6 +170,11 @@ impl AppContext {
             policy,
             rate_limits: RateLimits::new(&config.rate_limit),
             stream_slots: crate::stream_slots::StreamSlots::new(config.http.max_streams_per_ip),
+            identity: crate::service::identity::IdentityService::new(
+                metadata.clone(),
+                pkarr_board.clone(),
+            ),
+            pkarr: pkarr_board,
             events,
             signup: SignupService::new(metadata.clone(), config.signup.mode),
             metadata,
@@ -304,6 +313,16 @@ impl Homeserver {
         tasks.spawn(context.events.clone().run_tailer());
         tasks.spawn(purge_replay_marks(context.clone(), shutdown.clone()));
         tasks.spawn(sweep_blobs(context.clone(), shutdown.clone()));
+        // Last: the DHT may be unreachable, and nothing above waits for it.
+        crate::pkarr_publish::start(
+            &context.config.pkarr,
+            &context.server_key,
+            tls_addr,
+            context.metadata.clone(),
+            &context.pkarr,
+            &mut tasks,
+            shutdown.clone(),
+        );
 
         Ok(Self {
             context,

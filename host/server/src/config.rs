@@ -19,6 +19,7 @@ pub const DEFAULT_CONFIG: &str = include_str!("../config.default.toml");
 pub struct Config {
     pub http: HttpConfig,
     pub tls: TlsConfig,
+    pub pkarr: PkarrConfig,
     pub admin: AdminConfig,
     pub metrics: MetricsConfig,
     pub rate_limit: RateLimitConfig,
@@ -71,6 +72,24 @@ pub struct TlsConfig {
     /// empty turns it off.
     #[serde(with = "optional_addr")]
     pub listen: Option<SocketAddr>,
+}
+
+/// Publishing on the mainline DHT (pkarr).
+#[derive(Debug, Clone, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct PkarrConfig {
+    /// Publish the server's record and republish users' records.
+    pub enabled: bool,
+    /// DHT bootstrap nodes (`host:port`); empty = mainline's defaults.
+    pub bootstrap: Vec<String>,
+    /// pkarr relays to publish through as well; empty = none.
+    pub relays: Vec<String>,
+    /// Seconds between publications.
+    pub republish_interval_secs: u64,
+    /// The address published in the server's record; empty = the TLS listener's.
+    pub host: String,
+    /// Milliseconds one DHT request may take.
+    pub request_timeout_ms: u64,
 }
 
 #[derive(Debug, Clone, Serialize, Deserialize)]
@@ -397,6 +416,11 @@ impl Config {
             ("http.max_connections", self.http.max_connections as u64),
             ("storage.timeout_secs", self.storage.timeout_secs),
             ("storage.events_poll_ms", self.storage.events_poll_ms),
+            (
+                "pkarr.republish_interval_secs",
+                self.pkarr.republish_interval_secs,
+            ),
+            ("pkarr.request_timeout_ms", self.pkarr.request_timeout_ms),
             ("storage.pool_size", u64::from(self.storage.pool_size)),
             ("storage.max_value_bytes", self.storage.max_value_bytes),
         ] {
@@ -409,6 +433,13 @@ impl Config {
                 "{} and {} go together: set both or neither",
                 name("http.tls_cert_file"),
                 name("http.tls_key_file")
+            ));
+        }
+        if !self.pkarr.host.is_empty() && self.pkarr.host.parse::<std::net::IpAddr>().is_err() {
+            problems.push(format!(
+                "{} must be an IP address (the record's A/AAAA), got `{}`",
+                name("pkarr.host"),
+                self.pkarr.host
             ));
         }
         if problems.is_empty() {

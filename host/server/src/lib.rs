@@ -6,6 +6,7 @@
 //! with [`tls`] for the raw-public-key and X.509 listeners);
 //! [`config`] loads settings; [`rate_limit`] and [`metrics`] wrap client requests, and
 //! [`stream_slots`] caps each address's open event streams;
+//! [`pkarr_publish`] keeps the server's and its users' records on the mainline DHT;
 //! [`policy_cli`] and [`maintenance_cli`] are the command-line tools (guests; fsck,
 //! export, import, migrate); `main.rs` only parses the command line.
 
@@ -18,6 +19,7 @@ pub mod maintenance_cli;
 pub mod metrics;
 pub mod metrics_server;
 pub mod persistence;
+pub mod pkarr_publish;
 pub mod policy_cli;
 pub mod rate_limit;
 pub mod serve;

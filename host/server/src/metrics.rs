@@ -24,6 +24,11 @@ pub struct Metrics {
     pub users: IntGauge,
     pub stream_subscribers: IntGauge,
     pub unproven_upload_bytes: IntGauge,
+    /// pkarr: when every publication last worked (Unix seconds; 0: never), whether the
+    /// last round failed, and the users' records republished in it.
+    pub pkarr_last_success: IntGauge,
+    pub pkarr_failing: IntGauge,
+    pub pkarr_users_published: IntGauge,
     open_connections: IntGaugeVec,
     rate_limited: IntCounterVec,
     window: Mutex<MinuteWindow>,
@@ -101,6 +106,18 @@ impl Metrics {
             "hs_unproven_upload_bytes",
             "Memory held by signed uploads whose signature is not checked yet.",
         )?;
+        let pkarr_last_success = IntGauge::new(
+            "hs_pkarr_last_success_timestamp_seconds",
+            "When the server's and its users' pkarr records were last all published (0: never).",
+        )?;
+        let pkarr_failing = IntGauge::new(
+            "hs_pkarr_failing",
+            "1 when the last pkarr publishing round had an error (the DHT unreachable, say).",
+        )?;
+        let pkarr_users_published = IntGauge::new(
+            "hs_pkarr_user_records",
+            "Users' pkarr records republished in the last round.",
+        )?;
         let open_connections = IntGaugeVec::new(
             Opts::new("hs_open_connections", "Open connections, by listener."),
             &["listener"],
@@ -121,6 +138,9 @@ impl Metrics {
         registry.register(Box::new(rate_limited.clone()))?;
         registry.register(Box::new(unproven_upload_bytes.clone()))?;
         registry.register(Box::new(open_connections.clone()))?;
+        registry.register(Box::new(pkarr_last_success.clone()))?;
+        registry.register(Box::new(pkarr_failing.clone()))?;
+        registry.register(Box::new(pkarr_users_published.clone()))?;
         Ok(Self {
             registry,
             requests,
@@ -130,6 +150,9 @@ impl Metrics {
             users,
             stream_subscribers,
             unproven_upload_bytes,
+            pkarr_last_success,
+            pkarr_failing,
+            pkarr_users_published,
             open_connections,
             rate_limited,
             window: Mutex::new(MinuteWindow {

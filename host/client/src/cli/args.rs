@@ -28,9 +28,17 @@ pub struct Cli {
 /// Flags every command takes.
 #[derive(Debug, Args)]
 pub struct GlobalArgs {
-    /// Homeserver URL (`host:port` alone means http://host:port) [default:
-    /// http://127.0.0.1:6286, or the profile's `homeserver`].
-    #[arg(long, global = true, env = "PK_HOMESERVER", value_name = "URL")]
+    /// Homeserver: a URL (`host:port` alone means http://host:port); or its public key
+    /// (z32), found on the mainline DHT and reached over TLS that accepts only that key;
+    /// or `pkarr`: the homeserver the user's own pkarr record names (with --user, that
+    /// user's) [default: http://127.0.0.1:6286, or the profile's `homeserver`]. DHT
+    /// bootstrap nodes: PK_PKARR_BOOTSTRAP (host:port, comma separated).
+    #[arg(
+        long,
+        global = true,
+        env = "PK_HOMESERVER",
+        value_name = "URL|KEY|pkarr"
+    )]
     pub homeserver: Option<String>,
 
     /// File holding the secret key (64 hex characters) [default: the profile's
@@ -186,6 +194,28 @@ pub enum Command {
     /// full the cursor to continue from goes to standard error. Signed when a key is
     /// configured.
     Events(EventsArgs),
+
+    /// Publish your pkarr record: your homeserver is the one whose key it names. It goes
+    /// on the mainline DHT and to the homeserver, which republishes it while you are
+    /// offline. (`pk signup` hands it to the homeserver too.)
+    Publish {
+        /// The homeserver to name, by its public key [default: the one you use].
+        #[arg(long, value_name = "Z32")]
+        homeserver_key: Option<PublicKey>,
+    },
+
+    /// Move all your data to another homeserver: every value is copied and checked by
+    /// its hash (values already there are skipped, so an interrupted move just runs
+    /// again), then your pkarr record names the new homeserver. The old homeserver keeps
+    /// the data until you delete it.
+    Migrate {
+        /// The new homeserver: a URL, or its public key (found on the DHT).
+        #[arg(long, value_name = "URL|KEY")]
+        to: String,
+        /// Do not publish the record naming the new homeserver.
+        #[arg(long)]
+        no_publish: bool,
+    },
 
     /// Publish a pubky.app post (a short one) and print its pubky:// URI.
     Post {

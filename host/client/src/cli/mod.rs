@@ -11,6 +11,7 @@ mod args;
 mod config;
 mod events;
 mod keys;
+mod network;
 mod output;
 mod posts;
 mod storage;
@@ -103,7 +104,8 @@ async fn run(cli: Cli, matches: &ArgMatches) -> Result<(), CliError> {
     let given = given(&cli, matches);
     let settings = config::resolve(&given, &config::Environment::current())?;
     let json = cli.global.json;
-    let ctx = Context {
+    let mut ctx = Context {
+        target: network::Target::url(&settings.homeserver),
         settings,
         json,
         retry: RetryPolicy {
@@ -114,6 +116,10 @@ async fn run(cli: Cli, matches: &ArgMatches) -> Result<(), CliError> {
             enabled: !json && !cli.global.no_progress && std::io::stderr().is_terminal(),
         },
     };
+    if network::talks_to_a_homeserver(&cli.command) {
+        // A key or `pkarr` instead of a URL: found on the DHT now, once.
+        ctx.target = network::Target::resolve(&ctx, network::subject_of(&cli.command)).await?;
+    }
     match cli.command {
         Command::Keygen { out, print, force } => keys::keygen(&ctx, out.as_deref(), print, force),
         Command::Pubkey => keys::pubkey(&ctx),
@@ -135,6 +141,8 @@ async fn run(cli: Cli, matches: &ArgMatches) -> Result<(), CliError> {
         Command::Sync(args) => transfer::sync(&ctx, args).await,
         Command::Stream(args) => events::stream(&ctx, args).await,
         Command::Post { text, reply_to } => posts::post(&ctx, &text, reply_to.as_deref()).await,
+        Command::Publish { homeserver_key } => network::publish(&ctx, homeserver_key).await,
+        Command::Migrate { to, no_publish } => network::migrate(&ctx, &to, !no_publish).await,
         Command::Replies { uri, user, wait } => posts::replies(&ctx, &uri, user, wait).await,
         Command::Events(args) => events::events(&ctx, args).await,
         Command::Completions { shell } => {
@@ -167,6 +175,8 @@ fn given(cli: &Cli, matches: &ArgMatches) -> Given {
 /// What every command may need: the settings, how to print, how to retry.
 struct Context {
     settings: Settings,
+    /// Where the homeserver is (resolved from a key on the DHT, if one was given).
+    target: network::Target,
     json: bool,
     retry: RetryPolicy,
     bars: Bars,
@@ -186,8 +196,21 @@ impl Context {
     /// A client of the configured homeserver acting as `keypair`, retrying as told and
     /// saying so on stderr.
     fn client(&self, keypair: Option<Keypair>) -> Result<PkClient, CliError> {
+        self.client_of(&self.target, keypair)
+    }
+
+    /// A client of the homeserver `target` acting as `keypair`.
+    fn client_of(
+        &self,
+        target: &network::Target,
+        keypair: Option<Keypair>,
+    ) -> Result<PkClient, CliError> {
         let json = self.json;
-        Ok(PkClient::new(&self.settings.homeserver, keypair)?
+        let client = match target.pinned {
+            Some(server) => PkClient::over_pinned_tls(&target.url, server, keypair)?,
+            None => PkClient::new(&target.url, keypair)?,
+        };
+        Ok(client
             .with_retry_policy(self.retry)
             .on_retry(move |notice| retry_message(notice, json)))
     }
@@ -340,6 +363,7 @@ impl CliError {
                 ClientError::MissingKey => "missing_key".into(),
                 ClientError::HashMismatch { .. } => "hash_mismatch".into(),
                 ClientError::DestinationExists { .. } => "exists".into(),
+                ClientError::Resolve(_) => "resolve".into(),
             },
             CliError::Config(_) => "config".into(),
             CliError::MissingKey => "missing_key".into(),

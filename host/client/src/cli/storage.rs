@@ -80,12 +80,19 @@ pub async fn signup(ctx: &Context, token: Option<&str>) -> Result<(), CliError> 
     let client = ctx.signing_client()?;
     let status = client.signup_status(token).await?;
     let result = &status.result;
+    // The record naming this homeserver, for it to keep on the DHT (`pk publish` also
+    // publishes it directly). A server without the endpoint is not an error.
+    let record = hand_over_record(ctx, &client).await;
     if ctx.json {
         return print_json(&json!({
             "public_key": result.public_key,
             "created_at": result.created_at,
             "created": status.created,
+            "record_stored": record.as_ref().ok(),
         }));
+    }
+    if let Err(e) = &record {
+        eprintln!("note: the homeserver did not take your pkarr record ({e}); see `pk publish`");
     }
     let server = client.base_url().as_str().trim_end_matches('/').to_owned();
     if status.created {
@@ -97,6 +104,14 @@ pub async fn signup(ctx: &Context, token: Option<&str>) -> Result<(), CliError> 
             utc_time(result.created_at)
         ))
     }
+}
+
+/// Signs the user's `_pubky` record naming the homeserver `client` talks to and hands
+/// it to that homeserver; whether it was stored (false: it had it already).
+async fn hand_over_record(ctx: &Context, client: &pk_client::PkClient) -> Result<bool, CliError> {
+    let server = client.server_info().await?.public_key;
+    let record = pk_client::pkarr::Resolver::user_record(&ctx.keypair()?, &server)?;
+    Ok(client.store_record(&record).await?)
 }
 
 /// `pk session --cap C [--cap C...] [--ttl S]`.

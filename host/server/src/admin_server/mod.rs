@@ -34,6 +34,7 @@ pub fn router(app: AdminState) -> Router {
         .route("/admin/signup_tokens", post(create_signup_token))
         .route("/admin/policies", get(policies))
         .route("/admin/policies/reload", post(reload_policies))
+        .route("/admin/pkarr", get(pkarr))
         .fallback(|| async { ApiError::new(ErrorCode::NotFound, "no such admin endpoint") })
         .method_not_allowed_fallback(|| async {
             ApiError::new(
@@ -173,6 +174,11 @@ async fn create_signup_token(State(app): State<AdminState>) -> Result<Response, 
 /// `GET /admin/policies`: each slot's module, BLAKE3, load time and last error.
 async fn policies(State(app): State<AdminState>) -> Response {
     Json(serde_json::json!({ "slots": app.policy.status() })).into_response()
+}
+
+/// `GET /admin/pkarr`: what the DHT publisher did last.
+async fn pkarr(State(app): State<AdminState>) -> Response {
+    Json(app.pkarr.get()).into_response()
 }
 
 /// `POST /admin/policies/reload`: reload now; what failed keeps serving the old module.

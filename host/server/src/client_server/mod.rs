@@ -6,6 +6,7 @@ pub mod error;
 pub mod events;
 pub mod extract;
 pub mod middleware;
+pub mod pkarr;
 pub mod session;
 pub mod signup;
 pub mod small_body;
@@ -28,6 +29,8 @@ pub fn router(app: AppState) -> Router {
     Router::new()
         .route("/signup", post(signup::handle))
         .route("/account", get(account::show))
+        .route("/info", get(pkarr::info))
+        .route("/pkarr", axum::routing::put(pkarr::put))
         .route(
             "/auth/session",
             post(session::create)

@@ -49,6 +49,16 @@ async fn metrics(State(app): State<Arc<AppContext>>) -> Response {
     app.metrics
         .unproven_upload_bytes
         .set(i64::try_from(app.storage.unproven_upload_bytes()).unwrap_or(i64::MAX));
+    let pkarr = app.pkarr.get();
+    app.metrics
+        .pkarr_last_success
+        .set(pkarr.last_success_at.unwrap_or(0));
+    app.metrics
+        .pkarr_failing
+        .set(i64::from(pkarr.last_error.is_some()));
+    app.metrics
+        .pkarr_users_published
+        .set(i64::try_from(pkarr.users_published).unwrap_or(i64::MAX));
     match app.metrics.render() {
         Ok(text) => (
             [(

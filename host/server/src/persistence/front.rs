@@ -167,6 +167,8 @@ impl_with_deadline! {
         fn copy_events(events: &[EventRecord]) -> ();
         fn copy_signup_tokens(tokens: &[SignupTokenRow]) -> ();
         fn copy_sessions(sessions: &[SessionRecord]) -> ();
+        fn put_pkarr_packet(user: &str, timestamp: i64, packet: &[u8]) -> bool;
+        fn pkarr_packets_after(after: &str, limit: u32) -> Vec<(String, Vec<u8>)>;
     }
 }
 

@@ -499,6 +499,23 @@ pub trait MetadataStore: Send + Sync + 'static {
 
     /// Inserts sessions (their users must exist); those already there are left.
     async fn copy_sessions(&self, sessions: &[SessionRecord]) -> Result<(), StoreError>;
+
+    /// Stores `user`'s pkarr packet (relay payload) unless the stored one is as new or
+    /// newer; true when stored. The user must exist; the packet goes with the user.
+    async fn put_pkarr_packet(
+        &self,
+        user: &str,
+        timestamp: i64,
+        packet: &[u8],
+    ) -> Result<bool, StoreError>;
+
+    /// Stored pkarr packets of the users whose key sorts after `after`, in key order,
+    /// at most `limit`: (user, packet).
+    async fn pkarr_packets_after(
+        &self,
+        after: &str,
+        limit: u32,
+    ) -> Result<Vec<(String, Vec<u8>)>, StoreError>;
 }
 
 /// The rule-bearing writes, the same for every backend: each runs one procedure of

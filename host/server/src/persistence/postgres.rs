@@ -302,11 +302,13 @@ impl WriteTx for PgWriteTx {
     }
 
     async fn delete_user(&mut self, public_key: &str) -> Result<(), StoreError> {
-        sqlx::query("DELETE FROM sessions WHERE owner = $1")
-            .bind(public_key)
-            .execute(&mut *self.0)
-            .await
-            .map_err(map_err)?;
+        for table in ["sessions", "pkarr_packets"] {
+            sqlx::query(&format!("DELETE FROM {table} WHERE owner = $1"))
+                .bind(public_key)
+                .execute(&mut *self.0)
+                .await
+                .map_err(map_err)?;
+        }
         sqlx::query("DELETE FROM users WHERE public_key = $1")
             .bind(public_key)
             .execute(&mut *self.0)
@@ -959,5 +961,45 @@ impl MetadataStore for PostgresStore {
             sql.build().execute(&self.pool).await.map_err(map_err)?;
         }
         Ok(())
+    }
+
+    async fn put_pkarr_packet(
+        &self,
+        user: &str,
+        timestamp: i64,
+        packet: &[u8],
+    ) -> Result<bool, StoreError> {
+        let done = sqlx::query(
+            "INSERT INTO pkarr_packets (owner, timestamp, packet) \
+             SELECT $1, $2, $3 WHERE EXISTS (SELECT 1 FROM users WHERE public_key = $1) \
+             ON CONFLICT (owner) DO UPDATE SET timestamp = excluded.timestamp, \
+             packet = excluded.packet WHERE excluded.timestamp > pkarr_packets.timestamp",
+        )
+        .bind(user)
+        .bind(timestamp)
+        .bind(packet)
+        .execute(&self.pool)
+        .await
+        .map_err(map_err)?;
+        Ok(done.rows_affected() == 1)
+    }
+
+    async fn pkarr_packets_after(
+        &self,
+        after: &str,
+        limit: u32,
+    ) -> Result<Vec<(String, Vec<u8>)>, StoreError> {
+        let rows = sqlx::query(
+            "SELECT owner, packet FROM pkarr_packets WHERE owner > $1 ORDER BY owner LIMIT $2",
+        )
+        .bind(after)
+        .bind(i64::from(limit))
+        .fetch_all(&self.pool)
+        .await
+        .map_err(map_err)?;
+        rows.into_iter()
+            .map(|r| Ok((r.try_get(0)?, r.try_get(1)?)))
+            .collect::<Result<_, sqlx::Error>>()
+            .map_err(map_err)
     }
 }

@@ -15,6 +15,7 @@ pub mod auth;
 pub mod entry_cache;
 pub mod error;
 pub mod events;
+pub mod identity;
 pub mod maintenance;
 pub mod sessions;
 pub mod signup;

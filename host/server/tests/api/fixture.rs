@@ -50,6 +50,8 @@ pub fn test_config(dir: &std::path::Path) -> Config {
     // Raw-public-key TLS is off by default; the tests that want it ask for it.
     // Tests make many anonymous requests from one IP; rate-limit tests turn this on.
     config.rate_limit.enabled = false;
+    // No DHT (the public one is out of reach here); the pkarr tests use a local testnet.
+    config.pkarr.enabled = false;
     config
 }
 

@@ -19,6 +19,7 @@ mod limits;
 mod listing;
 mod maintenance;
 mod ops;
+mod pkarr;
 mod scale_out;
 mod sessions;
 mod signup;

@@ -46,6 +46,7 @@ impl ServerProcess {
                 crate::fixture::shared_guest_cache(),
             )
             .env("HOMESERVER__RATE_LIMIT__ENABLED", "false")
+            .env("HOMESERVER__PKARR__ENABLED", "false")
             .env("RUST_LOG", "warn")
             .envs(env.iter().map(|(k, v)| (k.as_str(), v.as_str())))
             .stdout(Stdio::null())

@@ -1,0 +1,369 @@
+//! The server's place on the mainline DHT (pkarr): it publishes its own record (an
+//! HTTPS record at its apex naming the raw-public-key TLS endpoint, with the address as
+//! A/AAAA, signed with the server's key), and republishes the records its users gave it
+//! (`PUT /pkarr`: their `_pubky` record naming this server, signed with their own keys),
+//! so a user's record stays findable while the user's devices are offline.
+//!
+//! The DHT may be unreachable (no network, a firewall): the server starts and serves
+//! all the same. The publisher keeps trying in the background, every
+//! `republish_interval_secs`, and sooner (from 5 s, doubling) while a round fails. What
+//! happened last is in [`PkarrStatus`] (`GET /admin/pkarr`, the `hs_pkarr_*` metrics).
+
+use std::net::{IpAddr, SocketAddr};
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use bytes::Bytes;
+use pkarr::dns::rdata::{A, AAAA, RData, SVCB, SVCParam};
+use pkarr::dns::{Name, ResourceRecord};
+use pkarr::{Client, Keypair, SignedPacket};
+use serde::Serialize;
+use tokio_util::sync::CancellationToken;
+
+use crate::config::PkarrConfig;
+use crate::persistence::MetadataStore;
+
+/// Lifetime given to the records, in seconds (what resolvers may cache).
+const RECORD_TTL: u32 = 3600;
+/// Users' packets read from the store per page.
+const PAGE: u32 = 500;
+/// First pause after a failed round; it doubles up to the republish interval.
+const FIRST_RETRY: Duration = Duration::from_secs(5);
+
+/// What the publisher did last, for `/admin/pkarr` and the metrics.
+#[derive(Debug, Clone, Default, Serialize)]
+pub struct PkarrStatus {
+    pub enabled: bool,
+    /// The server's record: what it points at (None: nothing to publish, see `note`).
+    pub server_endpoint: Option<String>,
+    pub note: Option<String>,
+    /// Unix seconds of the last round in which every publication worked.
+    pub last_success_at: Option<i64>,
+    /// Unix seconds of the last round, and its first error.
+    pub last_attempt_at: Option<i64>,
+    pub last_error: Option<String>,
+    /// Of the last round: users' records republished, and those that failed.
+    pub users_published: u64,
+    pub users_failed: u64,
+    /// Rounds so far, and those with an error.
+    pub rounds: u64,
+    pub failed_rounds: u64,
+}
+
+/// The shared status board, and the bell that starts a round early (a user handed in a
+/// new record).
+#[derive(Debug, Default)]
+pub struct PkarrBoard(Mutex<PkarrStatus>, tokio::sync::Notify);
+
+impl PkarrBoard {
+    /// Publishes soon, without waiting for the interval.
+    pub fn wake(&self) {
+        self.1.notify_one();
+    }
+
+    pub fn get(&self) -> PkarrStatus {
+        self.0.lock().unwrap_or_else(|e| e.into_inner()).clone()
+    }
+
+    fn update(&self, f: impl FnOnce(&mut PkarrStatus)) {
+        f(&mut self.0.lock().unwrap_or_else(|e| e.into_inner()));
+    }
+}
+
+/// A pkarr client for `config` (DHT on loopback-or-any, the configured bootstrap nodes
+/// and relays).
+pub fn client(config: &PkarrConfig) -> Result<Client, String> {
+    let mut builder = Client::builder();
+    builder.no_default_network();
+    // Before the DHT's settings are made: they take this timeout.
+    builder.dht_request_timeout(Duration::from_millis(config.request_timeout_ms));
+    builder.relay_request_timeout(Duration::from_millis(config.request_timeout_ms));
+    builder.dht(|dht| dht);
+    if !config.bootstrap.is_empty() {
+        builder.bootstrap(&config.bootstrap);
+    }
+    let loopback_only = !config.bootstrap.is_empty()
+        && config
+            .bootstrap
+            .iter()
+            .all(|b| b.parse::<SocketAddr>().is_ok_and(|a| a.ip().is_loopback()));
+    if loopback_only {
+        // A local testnet: stay on loopback.
+        builder.dht(|dht| {
+            dht.bind_address = Some(std::net::Ipv4Addr::LOCALHOST);
+            dht
+        });
+    }
+    if !config.relays.is_empty() {
+        builder
+            .relays(&config.relays)
+            .map_err(|e| format!("pkarr.relays: {e}"))?;
+    }
+    builder.build().map_err(|e| e.to_string())
+}
+
+/// The address to publish for `tls`, per `config.host`.
+pub fn published_address(config: &PkarrConfig, tls: SocketAddr) -> Result<SocketAddr, String> {
+    if !config.host.is_empty() {
+        let ip: IpAddr = config
+            .host
+            .parse()
+            .map_err(|_| format!("pkarr.host `{}` is not an IP address", config.host))?;
+        return Ok(SocketAddr::new(ip, tls.port()));
+    }
+    if tls.ip().is_unspecified() {
+        return Err(format!(
+            "the TLS listener is on {tls}: set pkarr.host to the address clients should use"
+        ));
+    }
+    Ok(tls)
+}
+
+/// The server's record: an HTTPS record at its apex pointing at itself (`.`) on the TLS
+/// port, and the address as A or AAAA.
+pub fn server_packet(key: &Keypair, endpoint: SocketAddr) -> Result<SignedPacket, String> {
+    let mut svcb = SVCB::new(1, Name::new_unchecked("."));
+    svcb.set_param(SVCParam::Port(endpoint.port()));
+    let mut builder = SignedPacket::builder().https(Name::new_unchecked("."), svcb, RECORD_TTL);
+    builder = match endpoint.ip() {
+        IpAddr::V4(ip) => builder.record(ResourceRecord::new(
+            Name::new_unchecked("."),
+            pkarr::dns::CLASS::IN,
+            RECORD_TTL,
+            RData::A(A::from(ip)),
+        )),
+        IpAddr::V6(ip) => builder.record(ResourceRecord::new(
+            Name::new_unchecked("."),
+            pkarr::dns::CLASS::IN,
+            RECORD_TTL,
+            RData::AAAA(AAAA::from(ip)),
+        )),
+    };
+    builder.sign(key).map_err(|e| e.to_string())
+}
+
+/// A user's packet as they handed it to the server (relay payload), checked: a valid
+/// signature by `user`, within pkarr's size limit.
+pub fn user_packet(user: &pkarr::PublicKey, payload: &[u8]) -> Result<SignedPacket, String> {
+    SignedPacket::from_relay_payload(user, &Bytes::copy_from_slice(payload))
+        .map_err(|e| format!("not a pkarr packet signed by this key: {e}"))
+}
+
+/// Publishes until `stop`: the server's record (when there is an endpoint) and every
+/// stored user record, each round.
+pub async fn run(
+    client: Client,
+    key: Keypair,
+    endpoint: Option<SocketAddr>,
+    metadata: Arc<dyn MetadataStore>,
+    board: Arc<PkarrBoard>,
+    interval: Duration,
+    stop: CancellationToken,
+) {
+    let mut retry = FIRST_RETRY;
+    loop {
+        let ok = round(&client, &key, endpoint, metadata.as_ref(), &board).await;
+        let pause = if ok {
+            retry = FIRST_RETRY;
+            interval
+        } else {
+            let pause = retry.min(interval);
+            retry = (retry * 2).min(interval);
+            pause
+        };
+        tokio::select! {
+            _ = stop.cancelled() => return,
+            _ = tokio::time::sleep(pause) => {}
+            _ = board.1.notified() => {}
+        }
+    }
+}
+
+/// One round; true when everything was published.
+async fn round(
+    client: &Client,
+    key: &Keypair,
+    endpoint: Option<SocketAddr>,
+    metadata: &dyn MetadataStore,
+    board: &PkarrBoard,
+) -> bool {
+    let now = crate::service::now_secs();
+    let mut first_error: Option<String> = None;
+    if let Some(endpoint) = endpoint {
+        // Signed anew each round: a newer timestamp than what the DHT holds.
+        match server_packet(key, endpoint) {
+            Ok(packet) => {
+                if let Err(e) = client.publish(&packet).await {
+                    first_error.get_or_insert(format!("server record: {e}"));
+                }
+            }
+            Err(e) => {
+                first_error.get_or_insert(format!("server record: {e}"));
+            }
+        }
+    }
+    let (mut published, mut failed) = (0u64, 0u64);
+    let mut after = String::new();
+    loop {
+        let page = match metadata.pkarr_packets_after(&after, PAGE).await {
+            Ok(page) => page,
+            Err(e) => {
+                first_error.get_or_insert(format!("reading users' records: {e}"));
+                break;
+            }
+        };
+        let Some(last) = page.last() else { break };
+        after = last.0.clone();
+        for (user, payload) in &page {
+            let packet = user
+                .parse::<pkarr::PublicKey>()
+                .map_err(|e| e.to_string())
+                .and_then(|key| user_packet(&key, payload));
+            let result = match packet {
+                Ok(packet) => client.publish(&packet).await.map_err(|e| e.to_string()),
+                Err(e) => Err(e),
+            };
+            match result {
+                Ok(_) => published += 1,
+                // The DHT holds a newer record of the user's own: nothing to do.
+                Err(e) if e.contains("recent") => published += 1,
+                Err(e) => {
+                    failed += 1;
+                    first_error.get_or_insert(format!("record of {user}: {e}"));
+                }
+            }
+        }
+        if page.len() < PAGE as usize {
+            break;
+        }
+    }
+    let ok = first_error.is_none();
+    if let Some(e) = &first_error {
+        tracing::warn!(error = %e, "pkarr: publishing failed; trying again later");
+    } else {
+        tracing::debug!(users = published, "pkarr: records published");
+    }
+    board.update(|s| {
+        s.rounds += 1;
+        s.last_attempt_at = Some(now);
+        s.users_published = published;
+        s.users_failed = failed;
+        if ok {
+            s.last_success_at = Some(now);
+            s.last_error = None;
+        } else {
+            s.failed_rounds += 1;
+            s.last_error = first_error;
+        }
+    });
+    ok
+}
+
+/// Starts the publisher (when enabled), reporting on `board`. The TLS listener's bound
+/// address is what the server's record points at.
+pub fn start(
+    config: &PkarrConfig,
+    server_key: &homeserver_protocol::Keypair,
+    tls: Option<SocketAddr>,
+    metadata: Arc<dyn MetadataStore>,
+    board: &Arc<PkarrBoard>,
+    tasks: &mut tokio::task::JoinSet<()>,
+    stop: CancellationToken,
+) {
+    if !config.enabled {
+        return;
+    }
+    let (endpoint, note) = match tls {
+        None => (
+            None,
+            Some("no [tls] listen: the server has no record to publish (users' records are republished)".to_owned()),
+        ),
+        Some(tls) => match published_address(config, tls) {
+            Ok(endpoint) => (Some(endpoint), None),
+            Err(e) => (None, Some(e)),
+        },
+    };
+    board.update(|s| {
+        s.enabled = true;
+        s.server_endpoint = endpoint.map(|e| e.to_string());
+        s.note = note.clone();
+    });
+    if let Some(note) = &note {
+        tracing::warn!("pkarr: {note}");
+    }
+    let client = match client(config) {
+        Ok(client) => client,
+        Err(e) => {
+            tracing::error!(error = %e, "pkarr: cannot start the DHT client; nothing is published");
+            board.update(|s| s.last_error = Some(e));
+            return;
+        }
+    };
+    let key = Keypair::from_secret_key(&server_key.seed());
+    tracing::info!(
+        server = %key.public_key(),
+        endpoint = ?endpoint,
+        "pkarr: publishing on the mainline DHT"
+    );
+    tasks.spawn(run(
+        client,
+        key,
+        endpoint,
+        metadata,
+        board.clone(),
+        Duration::from_secs(config.republish_interval_secs),
+        stop,
+    ));
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_server_record_names_the_tls_port_and_address() {
+        let key = Keypair::random();
+        let packet = server_packet(&key, "127.0.0.1:6287".parse().unwrap()).unwrap();
+        let https: Vec<_> = packet
+            .resource_records(".")
+            .filter(|r| matches!(r.rdata, RData::HTTPS(_)))
+            .collect();
+        assert_eq!(https.len(), 1);
+        assert!(
+            packet
+                .resource_records(".")
+                .any(|r| matches!(&r.rdata, RData::A(a) if IpAddr::V4(a.address.into()) == "127.0.0.1".parse::<IpAddr>().unwrap()))
+        );
+        assert_eq!(packet.public_key(), key.public_key());
+    }
+
+    #[test]
+    fn published_addresses() {
+        let config = |host: &str| PkarrConfig {
+            enabled: true,
+            bootstrap: vec![],
+            relays: vec![],
+            republish_interval_secs: 3600,
+            host: host.into(),
+            request_timeout_ms: 1000,
+        };
+        let tls: SocketAddr = "0.0.0.0:6287".parse().unwrap();
+        assert!(published_address(&config(""), tls).is_err());
+        assert_eq!(
+            published_address(&config("203.0.113.7"), tls).unwrap(),
+            "203.0.113.7:6287".parse().unwrap()
+        );
+        let local: SocketAddr = "127.0.0.1:6287".parse().unwrap();
+        assert_eq!(published_address(&config(""), local).unwrap(), local);
+    }
+
+    #[test]
+    fn a_user_packet_must_be_signed_by_that_user() {
+        let (alice, mallory) = (Keypair::random(), Keypair::random());
+        let packet = server_packet(&alice, "127.0.0.1:1".parse().unwrap()).unwrap();
+        let payload = packet.to_relay_payload();
+        assert!(user_packet(&alice.public_key(), &payload).is_ok());
+        assert!(user_packet(&mallory.public_key(), &payload).is_err());
+        assert!(user_packet(&alice.public_key(), b"junk").is_err());
+    }
+}
