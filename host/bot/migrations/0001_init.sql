@@ -36,8 +36,15 @@ CREATE TABLE routing_decisions (
     -- A notice the router answers with instead of an action (opt-out confirmed, slow
     -- down), if any.
     notice      TEXT,
+    -- What the decision changes besides: opt_out, opt_in, rate_notice (applied after the
+    -- decision is stored, and again if the mention is routed again after a crash).
+    effect      TEXT,
+    -- The root of the thread the mention is in (the per-thread reply cap counts the
+    -- decisions that answer in it).
+    thread_root TEXT,
     created_at  INTEGER NOT NULL
 );
+CREATE INDEX routing_decisions_thread ON routing_decisions (thread_root);
 
 -- Each run of an action for a mention.
 CREATE TABLE action_executions (
@@ -78,6 +85,15 @@ CREATE TABLE replies (
     published_at INTEGER
 );
 CREATE INDEX replies_thread ON replies (thread_root);
+
+-- Messages no stage could process, with why (`dead-letter.v1`, kept for inspection).
+CREATE TABLE dead_letters (
+    id         INTEGER PRIMARY KEY AUTOINCREMENT,
+    stream     TEXT NOT NULL,
+    payload    TEXT NOT NULL,
+    reason     TEXT NOT NULL,
+    created_at INTEGER NOT NULL
+);
 
 -- Idempotency keys (mention:{id}, route:{id}, action:{type}:{id}) with their lifetime.
 CREATE TABLE idempotency_keys (

@@ -102,6 +102,7 @@ impl Bot {
                 &config.index.nexus_url,
                 &key,
                 Duration::from_secs(config.search.timeout_secs.max(10)),
+                Duration::from_secs(config.poller.max_age_secs),
             )),
         };
         let guests = Arc::new(PolicyRuntime::load(RuntimeConfig {
@@ -131,6 +132,12 @@ impl Bot {
             Duration::from_secs(config.search.timeout_secs),
         )
         .map(|s| Arc::new(s) as Arc<dyn SearchApi>);
+        let providers: Vec<&str> = ai
+            .iter()
+            .map(|a| a.name())
+            .chain(search.iter().map(|s| s.name()))
+            .collect();
+        metrics.prepare(&providers);
         tracing::info!(
             botPubky = %key,
             homeserver = %config.homeserver.url,

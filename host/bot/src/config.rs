@@ -47,13 +47,29 @@ pub struct BotConfig {
     pub logging: LoggingConfig,
 }
 
-#[derive(Debug, Clone, Serialize, Deserialize)]
+#[derive(Clone, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct HomeserverConfig {
     /// The homeserver the bot's account lives on.
     pub url: String,
     /// A signup token for a homeserver in token mode; empty = none.
     pub signup_token: String,
+}
+
+impl std::fmt::Debug for HomeserverConfig {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("HomeserverConfig")
+            .field("url", &self.url)
+            .field(
+                "signup_token",
+                &if self.signup_token.is_empty() {
+                    ""
+                } else {
+                    "****"
+                },
+            )
+            .finish()
+    }
 }
 
 #[derive(Clone, Serialize, Deserialize)]
@@ -111,6 +127,8 @@ pub struct PollerConfig {
 pub struct WorkersConfig {
     pub summary_concurrency: usize,
     pub factcheck_concurrency: usize,
+    /// How often mentions a passing failure left unanswered are tried again.
+    pub redrive_interval_secs: u64,
     /// "" (everything), or a worker type (needs the Redis bus).
     pub worker_type: String,
 }
@@ -317,6 +335,10 @@ impl BotConfig {
                 self.workers.factcheck_concurrency as u64,
             ),
             (
+                "workers.redrive_interval_secs",
+                self.workers.redrive_interval_secs,
+            ),
+            (
                 "limits.per_user_window_secs",
                 self.limits.per_user_window_secs,
             ),
@@ -430,9 +452,12 @@ mod tests {
         let mut c = BotConfig::defaults();
         c.identity.mnemonic = "abandon ".repeat(11) + "about";
         c.ai.api_key = "sk-secret".into();
+        c.homeserver.signup_token = "tok-secret".into();
         let shown = format!("{c:?}");
         assert!(
-            !shown.contains("abandon") && !shown.contains("sk-secret"),
+            !shown.contains("abandon")
+                && !shown.contains("sk-secret")
+                && !shown.contains("tok-secret"),
             "{shown}"
         );
     }

@@ -42,6 +42,8 @@ pub struct StatusBoard {
     /// Unix seconds of the last poll that worked, and the last error.
     last_poll: Mutex<(Option<i64>, Option<String>)>,
     pub signed_up: AtomicBool,
+    /// The last AI or search call per provider: (unix seconds, the error if it failed).
+    providers: Mutex<std::collections::BTreeMap<String, (i64, Option<String>)>>,
     busy_summary: AtomicUsize,
     busy_factcheck: AtomicUsize,
 }
@@ -58,6 +60,22 @@ impl StatusBoard {
     /// (last successful poll, last error since then)
     pub fn last_poll(&self) -> (Option<i64>, Option<String>) {
         self.last_poll
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .clone()
+    }
+
+    /// Records how a call to a provider went.
+    pub fn provider_called(&self, provider: &str, at: i64, error: Option<String>) {
+        self.providers
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .insert(provider.to_owned(), (at, error));
+    }
+
+    /// The last call to each provider: name, (unix seconds, error if it failed).
+    pub fn providers(&self) -> std::collections::BTreeMap<String, (i64, Option<String>)> {
+        self.providers
             .lock()
             .unwrap_or_else(|e| e.into_inner())
             .clone()

@@ -28,6 +28,30 @@ pub fn router(ctx: Arc<BotContext>) -> Router {
         .with_state(ctx)
 }
 
+/// The AI and search providers, `degraded` while the last call to one failed (the
+/// bot keeps answering what it can; failed actions are tried again).
+fn providers(ctx: &BotContext) -> Value {
+    let calls = ctx.status.providers();
+    let last = |name: &str| {
+        calls
+            .get(name)
+            .map(|(at, error)| json!({"at": at, "ok": error.is_none(), "error": error}))
+    };
+    let ai_name = ctx.ai_name();
+    let search_name = ctx.search.as_ref().map(|s| s.name().to_owned());
+    let failing = calls.iter().any(|(name, (_, error))| {
+        error.is_some() && (*name == ai_name || Some(name) == search_name.as_ref())
+    });
+    json!({
+        "status": if failing { "degraded" } else { "ok" },
+        "name": ai_name,
+        "mode": if ctx.ai.is_some() { "ai" } else { "local" },
+        "lastCall": last(&ai_name),
+        "search": search_name,
+        "searchLastCall": search_name.as_deref().and_then(last),
+    })
+}
+
 /// A poll older than this many poll intervals (and a minute) counts as stalled.
 const STALE_POLLS: u64 = 3;
 
@@ -50,9 +74,10 @@ async fn health(State(ctx): State<Arc<BotContext>>) -> Response {
         .status
         .signed_up
         .load(std::sync::atomic::Ordering::Relaxed);
+    let providers = providers(&ctx);
     let status = if !database_ok {
         "down"
-    } else if poll_ok && signed_up {
+    } else if poll_ok && signed_up && providers["status"] == "ok" {
         "ok"
     } else {
         "degraded"
@@ -63,12 +88,7 @@ async fn health(State(ctx): State<Arc<BotContext>>) -> Response {
         "botPubky": ctx.key.to_z32(),
         "database": database,
         "bus": {"status": "ok", "kind": ctx.bus.kind()},
-        "aiProvider": {
-            "status": "ok",
-            "name": ctx.ai_name(),
-            "mode": if ctx.ai.is_some() { "ai" } else { "local" },
-            "search": ctx.search.as_ref().map(|s| s.name().to_owned()),
-        },
+        "aiProvider": providers,
         "homeserver": {"url": ctx.config.homeserver.url, "signedUp": signed_up},
         "index": {"kind": ctx.index.kind()},
         "lastPoll": {

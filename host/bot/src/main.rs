@@ -22,6 +22,7 @@ async fn main() -> ExitCode {
             &mut shown.identity.mnemonic,
             &mut shown.ai.api_key,
             &mut shown.search.api_key,
+            &mut shown.homeserver.signup_token,
         ] {
             if !secret.is_empty() {
                 *secret = "<set, not shown>".into();

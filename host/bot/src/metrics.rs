@@ -96,6 +96,26 @@ impl Metrics {
         })
     }
 
+    /// Creates the series whose labels are known at start at zero, so that a dashboard
+    /// (and `rate()`) sees them before the first event.
+    pub fn prepare(&self, providers: &[&str]) {
+        for action in ["summary", "factcheck"] {
+            for status in ["success", "failed"] {
+                self.actions_executed.with_label_values(&[action, status]);
+            }
+            self.action_duration.with_label_values(&[action]);
+        }
+        for provider in providers {
+            for status in ["ok", "error"] {
+                self.ai_api_calls.with_label_values(&[provider, status]);
+            }
+            self.ai_tokens_used.with_label_values(&[provider]);
+        }
+        for operation in ["publish", "consume", "ack"] {
+            self.redis_operations.with_label_values(&[operation]);
+        }
+    }
+
     /// The text exposition of every series.
     pub fn render(&self) -> String {
         let mut out = Vec::new();

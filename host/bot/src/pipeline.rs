@@ -1,31 +1,55 @@
 //! Runs the stages on the bus: the router on `mention.received.v1`, the summary and
 //! factcheck workers (each `WORKER_CONCURRENCY_*` at once) on their request streams,
-//! the publisher on `action.completed.v1`; and, at start, drives again every mention a
-//! stop left unfinished ([`recover`]).
+//! the publisher on `action.completed.v1`; drives again what a stop or a failure left
+//! unfinished ([`recover`] at start, [`redrive`] every `workers.redrive_interval_secs`).
 //!
-//! A message whose stage fails is retried a few times with a growing pause; then it
-//! goes to `dead-letter.v1` with the reason and its mention is marked failed.
+//! A stage that fails is tried again a few times with a growing pause. Then:
+//! - a failure that may pass (a provider or the homeserver unreachable or rate
+//!   limiting, the database busy) leaves the mention where it is: the next re-drive
+//!   takes it up again, until the mention is older than `poller.max_age_secs` (then it
+//!   is failed, saying why). A reserved reply stays reserved meanwhile: the re-drive
+//!   publishes that same post;
+//! - any other failure (or a panic) dead-letters the message (`dead_letters` table, the
+//!   `dead-letter.v1` stream's record) and fails the mention with the reason.
 
+use std::collections::HashSet;
 use std::future::Future;
-use std::sync::Arc;
+use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
+use futures_util::FutureExt;
 use tokio::task::JoinSet;
 use tokio_util::sync::CancellationToken;
 
-use crate::bus::{DeadLetter, MentionReceived, Message, Topic};
+use crate::bus::{MentionReceived, Message, Topic};
 use crate::context::BotContext;
-use crate::store::{ActionType, MentionStatus};
+use crate::store::{ActionType, MentionStatus, now_secs};
 use crate::workers::StageError;
 use crate::{publisher, router, workers};
 
-/// Tries per message before it is dead-lettered.
+/// Tries per message before it is left for a re-drive or dead-lettered.
 const ATTEMPTS: u32 = 3;
 
-/// Starts every stage's consumers on `tasks`.
+/// Mentions a stage is working on right now (a re-drive leaves them alone).
+#[derive(Default)]
+pub struct InFlight(Mutex<HashSet<String>>);
+
+impl InFlight {
+    fn set(&self) -> std::sync::MutexGuard<'_, HashSet<String>> {
+        self.0.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    fn contains(&self, id: &str) -> bool {
+        self.set().contains(id)
+    }
+}
+
+/// Starts every stage's consumers, and the re-drive, on `tasks`.
 pub fn start(ctx: &Arc<BotContext>, tasks: &mut JoinSet<()>, stop: &CancellationToken) {
+    let in_flight = Arc::new(InFlight::default());
     consume(
         ctx,
+        &in_flight,
         tasks,
         stop,
         Topic::MentionReceived,
@@ -52,6 +76,7 @@ pub fn start(ctx: &Arc<BotContext>, tasks: &mut JoinSet<()>, stop: &Cancellation
     ] {
         consume(
             ctx,
+            &in_flight,
             tasks,
             stop,
             topic,
@@ -66,6 +91,7 @@ pub fn start(ctx: &Arc<BotContext>, tasks: &mut JoinSet<()>, stop: &Cancellation
     }
     consume(
         ctx,
+        &in_flight,
         tasks,
         stop,
         Topic::ActionCompleted,
@@ -77,11 +103,27 @@ pub fn start(ctx: &Arc<BotContext>, tasks: &mut JoinSet<()>, stop: &Cancellation
             }
         },
     );
+    let (ctx, stop) = (ctx.clone(), stop.clone());
+    let every = Duration::from_secs(ctx.config.workers.redrive_interval_secs);
+    tasks.spawn(async move {
+        let mut tick = tokio::time::interval(every);
+        tick.tick().await; // the first is at start: `recover` does that one
+        loop {
+            tokio::select! {
+                _ = stop.cancelled() => return,
+                _ = tick.tick() => {}
+            }
+            if let Err(e) = redrive(&ctx, &in_flight).await {
+                tracing::warn!(error = %e, "re-driving unfinished mentions failed");
+            }
+        }
+    });
 }
 
 /// `concurrency` consumers of `topic`, each handling one message at a time.
 fn consume<F, Fut>(
     ctx: &Arc<BotContext>,
+    in_flight: &Arc<InFlight>,
     tasks: &mut JoinSet<()>,
     stop: &CancellationToken,
     topic: Topic,
@@ -93,7 +135,12 @@ fn consume<F, Fut>(
 {
     for _ in 0..concurrency.max(1) {
         let consumer = ctx.bus.consumer(topic);
-        let (ctx, stop, handler) = (ctx.clone(), stop.clone(), handler.clone());
+        let (ctx, stop, handler, in_flight) = (
+            ctx.clone(),
+            stop.clone(),
+            handler.clone(),
+            in_flight.clone(),
+        );
         tasks.spawn(async move {
             loop {
                 let message = tokio::select! {
@@ -103,42 +150,76 @@ fn consume<F, Fut>(
                         None => return,
                     },
                 };
+                let id = message.mention_id().map(str::to_owned);
+                if let Some(id) = &id {
+                    in_flight.set().insert(id.clone());
+                }
                 deliver(&ctx, topic, message, &handler).await;
+                if let Some(id) = &id {
+                    in_flight.set().remove(id);
+                }
             }
         });
     }
 }
 
-/// Handles one message, retrying; dead-letters it when every try failed.
+/// Handles one message, retrying; then leaves it for a re-drive or dead-letters it.
 async fn deliver<F, Fut>(ctx: &Arc<BotContext>, topic: Topic, message: Message, handler: &F)
 where
     F: Fn(Arc<BotContext>, Message) -> Fut,
     Fut: Future<Output = Result<(), StageError>>,
 {
     let mut last_error = String::new();
+    let mut transient = true;
     for attempt in 1..=ATTEMPTS {
-        match handler(ctx.clone(), message.clone()).await {
-            Ok(()) => return,
-            Err(e) => {
-                last_error = e.to_string();
-                tracing::warn!(
-                    mentionId = message.mention_id().unwrap_or(""),
-                    stream = topic.name(),
-                    attempt,
-                    error = %last_error,
-                    "a stage failed"
-                );
-                if attempt < ATTEMPTS {
-                    tokio::time::sleep(Duration::from_millis(250 << attempt)).await;
-                }
-            }
+        // A panic in a stage fails this message only, never the consumer.
+        let outcome = std::panic::AssertUnwindSafe(handler(ctx.clone(), message.clone()))
+            .catch_unwind()
+            .await;
+        let error = match outcome {
+            Ok(Ok(())) => return,
+            Ok(Err(e)) => e,
+            Err(panic) => StageError::Other(format!(
+                "the stage panicked: {}",
+                panic
+                    .downcast_ref::<&str>()
+                    .map(|s| (*s).to_owned())
+                    .or_else(|| panic.downcast_ref::<String>().cloned())
+                    .unwrap_or_default()
+            )),
+        };
+        transient = error.is_transient();
+        last_error = error.to_string();
+        tracing::warn!(
+            mentionId = message.mention_id().unwrap_or(""),
+            stream = topic.name(),
+            attempt,
+            transient,
+            error = %last_error,
+            "a stage failed"
+        );
+        if !transient {
+            break;
         }
+        if attempt < ATTEMPTS {
+            tokio::time::sleep(Duration::from_millis(250 << attempt)).await;
+        }
+    }
+    if transient {
+        // It may pass: the re-drive takes the mention up again later.
+        tracing::warn!(
+            mentionId = message.mention_id().unwrap_or(""),
+            stream = topic.name(),
+            error = %last_error,
+            "left for a later try"
+        );
+        return;
     }
     tracing::error!(
         mentionId = message.mention_id().unwrap_or(""),
         stream = topic.name(),
         error = %last_error,
-        "message dead-lettered after {ATTEMPTS} tries"
+        "message dead-lettered"
     );
     if let Some(id) = message.mention_id() {
         let _ = ctx
@@ -147,15 +228,8 @@ where
             .await;
     }
     let _ = ctx
-        .bus
-        .publish(
-            Topic::DeadLetter,
-            Message::DeadLetter(DeadLetter {
-                topic: topic.name().into(),
-                payload: message.payload(),
-                reason: last_error,
-            }),
-        )
+        .store
+        .dead_letter(topic.name(), &message.payload().to_string(), &last_error)
         .await;
 }
 
@@ -165,9 +239,46 @@ where
 /// many mentions it drove again.
 pub async fn recover(ctx: &BotContext) -> Result<usize, StageError> {
     let interrupted = ctx.store.fail_interrupted_executions().await?;
-    let unfinished = ctx.store.unfinished_mentions().await?;
-    for id in &unfinished {
-        let Some(m) = ctx.store.mention(id).await? else {
+    let driven = drive_unfinished(ctx, &InFlight::default()).await?;
+    if interrupted > 0 || driven > 0 {
+        tracing::info!(
+            interruptedActions = interrupted,
+            mentions = driven,
+            "resuming what the last stop left unfinished"
+        );
+    }
+    Ok(driven)
+}
+
+/// Drives again the unfinished mentions no stage is working on (those a failure that
+/// may pass left behind).
+pub async fn redrive(ctx: &BotContext, in_flight: &InFlight) -> Result<usize, StageError> {
+    let driven = drive_unfinished(ctx, in_flight).await?;
+    if driven > 0 {
+        tracing::info!(mentions = driven, "trying unfinished mentions again");
+    }
+    Ok(driven)
+}
+
+async fn drive_unfinished(ctx: &BotContext, in_flight: &InFlight) -> Result<usize, StageError> {
+    let max_age = i64::try_from(ctx.config.poller.max_age_secs).unwrap_or(i64::MAX);
+    let mut driven = 0;
+    for (id, posted_at) in ctx.store.unfinished_mentions().await? {
+        if in_flight.contains(&id) {
+            continue;
+        }
+        if now_secs().saturating_sub(posted_at) > max_age {
+            // Too old to answer now (and a reserved reply is not published this late).
+            ctx.store
+                .set_mention_status(
+                    &id,
+                    MentionStatus::Failed,
+                    Some("gave up: still unanswered when the mention grew older than poller.max_age_secs"),
+                )
+                .await?;
+            continue;
+        }
+        let Some(m) = ctx.store.mention(&id).await? else {
             continue;
         };
         ctx.bus
@@ -180,13 +291,7 @@ pub async fn recover(ctx: &BotContext) -> Result<usize, StageError> {
                 }),
             )
             .await?;
+        driven += 1;
     }
-    if interrupted > 0 || !unfinished.is_empty() {
-        tracing::info!(
-            interruptedActions = interrupted,
-            mentions = unfinished.len(),
-            "resuming what the last stop left unfinished"
-        );
-    }
-    Ok(unfinished.len())
+    Ok(driven)
 }

@@ -7,7 +7,6 @@
 //! and `published_at` is set once the homeserver has it.
 
 use std::sync::Arc;
-use std::time::Duration;
 
 use crate::bus::ActionCompleted;
 use crate::context::BotContext;
@@ -16,9 +15,6 @@ use crate::post::{MAX_SHORT_POST_CHARS, PostUri, PubkyAppPost, now_micros, post_
 use crate::store::{MentionStatus, Reply};
 use crate::workers::StageError;
 use crate::workers::summary::clip;
-
-/// Tries to write a post before the mention is failed.
-const ATTEMPTS: u32 = 3;
 
 /// Publishes the reply of an `action.completed.v1` message.
 pub async fn handle(ctx: Arc<BotContext>, done: ActionCompleted) -> Result<(), StageError> {
@@ -73,25 +69,11 @@ pub async fn handle(ctx: Arc<BotContext>, done: ActionCompleted) -> Result<(), S
         let post = PubkyAppPost::reply(reply.content.clone(), &uri);
         let body = serde_json::to_vec(&post).map_err(|e| StageError::Other(e.to_string()))?;
         let path = PostUri::new(ctx.key, reply.post_id.clone()).path();
-        let mut attempt = 0;
-        loop {
-            attempt += 1;
-            match ctx
-                .homeserver
-                .put_bytes(&path, bytes::Bytes::from(body.clone()))
-                .await
-            {
-                Ok(_) => break,
-                Err(e) if attempt < ATTEMPTS => {
-                    tracing::warn!(mentionId = %mention.id, error = %e, attempt, "publishing the reply failed; retrying");
-                    tokio::time::sleep(Duration::from_secs(u64::from(attempt))).await;
-                }
-                Err(e) => {
-                    // Left processing with its reservation: the next start publishes it.
-                    return Err(StageError::Other(format!("publishing the reply: {e}")));
-                }
-            }
-        }
+        // A failure is the pipeline's to retry (and the re-drive's later): the
+        // reservation keeps this the same post, so writing it twice is harmless.
+        ctx.homeserver
+            .put_bytes(&path, bytes::Bytes::from(body))
+            .await?;
         crate::failpoint::hit("after-publish");
         ctx.store.mark_published(&mention.id).await?;
         ctx.metrics.replies_published.inc();

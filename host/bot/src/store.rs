@@ -112,6 +112,37 @@ pub struct RoutingDecision {
     pub reasoning: String,
     /// What to answer instead of running an action (opt-out confirmed, slow down).
     pub notice: Option<String>,
+    /// What the decision changes besides the mention.
+    pub effect: Option<Effect>,
+    /// The root of the mention's thread.
+    pub thread_root: Option<String>,
+}
+
+/// A change a routing decision makes besides the mention's own state.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Effect {
+    OptOut,
+    OptIn,
+    RateNotice,
+}
+
+impl Effect {
+    fn as_str(self) -> &'static str {
+        match self {
+            Self::OptOut => "opt_out",
+            Self::OptIn => "opt_in",
+            Self::RateNotice => "rate_notice",
+        }
+    }
+
+    fn parse(text: &str) -> Option<Self> {
+        match text {
+            "opt_out" => Some(Self::OptOut),
+            "opt_in" => Some(Self::OptIn),
+            "rate_notice" => Some(Self::RateNotice),
+            _ => None,
+        }
+    }
 }
 
 /// A finished, successful execution.
@@ -355,15 +386,16 @@ impl Store {
         Ok(())
     }
 
-    /// Mentions not in a final state (to drive again after a restart), oldest first.
-    pub async fn unfinished_mentions(&self) -> Result<Vec<String>> {
+    /// Mentions not in a final state (to drive again), oldest first: (id, posted_at).
+    pub async fn unfinished_mentions(&self) -> Result<Vec<(String, i64)>> {
         let _t = self.timed();
         let rows = sqlx::query(
-            "SELECT id FROM mentions WHERE status IN ('pending', 'processing') ORDER BY received_at, id",
+            "SELECT id, posted_at FROM mentions WHERE status IN ('pending', 'processing') \
+             ORDER BY received_at, id",
         )
         .fetch_all(&self.pool)
         .await?;
-        Ok(rows.into_iter().map(|r| r.get(0)).collect())
+        Ok(rows.into_iter().map(|r| (r.get(0), r.get(1))).collect())
     }
 
     /// Mentions per status (health, tests).
@@ -382,8 +414,8 @@ impl Store {
     pub async fn routing_decision(&self, mention_id: &str) -> Result<Option<RoutingDecision>> {
         let _t = self.timed();
         let row = sqlx::query(
-            "SELECT method, action_type, confidence, reasoning, notice FROM routing_decisions \
-             WHERE mention_id = ?",
+            "SELECT method, action_type, confidence, reasoning, notice, effect, thread_root \
+             FROM routing_decisions WHERE mention_id = ?",
         )
         .bind(mention_id)
         .fetch_optional(&self.pool)
@@ -399,6 +431,8 @@ impl Store {
             confidence: r.get::<Option<f64>, _>(2).map(|c| c as f32),
             reasoning: r.get(3),
             notice: r.get(4),
+            effect: r.get::<Option<&str>, _>(5).and_then(Effect::parse),
+            thread_root: r.get(6),
         }))
     }
 
@@ -408,8 +442,8 @@ impl Store {
             let _t = self.timed();
             sqlx::query(
                 "INSERT INTO routing_decisions (mention_id, method, action_type, confidence, \
-                 reasoning, notice, created_at) VALUES (?, ?, ?, ?, ?, ?, ?) \
-                 ON CONFLICT (mention_id) DO NOTHING",
+                 reasoning, notice, effect, thread_root, created_at) \
+                 VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?) ON CONFLICT (mention_id) DO NOTHING",
             )
             .bind(&d.mention_id)
             .bind(d.method.as_str())
@@ -417,6 +451,8 @@ impl Store {
             .bind(d.confidence.map(f64::from))
             .bind(&d.reasoning)
             .bind(&d.notice)
+            .bind(d.effect.map(Effect::as_str))
+            .bind(&d.thread_root)
             .bind(now_secs())
             .execute(&self.pool)
             .await?;
@@ -670,14 +706,45 @@ impl Store {
         Ok(())
     }
 
-    /// Replies the bot made (or is making) in the thread rooted at `root`.
+    /// Replies the bot decided to make in the thread rooted at `root` (an action or a
+    /// notice), whether or not they are published yet: what the per-thread cap counts.
     pub async fn replies_in_thread(&self, root: &str) -> Result<u32> {
         let _t = self.timed();
-        let row = sqlx::query("SELECT COUNT(*) FROM replies WHERE thread_root = ?")
-            .bind(root)
-            .fetch_one(&self.pool)
-            .await?;
+        let row = sqlx::query(
+            "SELECT COUNT(*) FROM routing_decisions WHERE thread_root = ? \
+             AND (action_type IN ('summary', 'factcheck') OR notice IS NOT NULL)",
+        )
+        .bind(root)
+        .fetch_one(&self.pool)
+        .await?;
         Ok(u32::try_from(row.get::<i64, _>(0)).unwrap_or(u32::MAX))
+    }
+
+    /// Keeps a message no stage could process, with why.
+    pub async fn dead_letter(&self, stream: &str, payload: &str, reason: &str) -> Result<()> {
+        let _t = self.timed();
+        sqlx::query(
+            "INSERT INTO dead_letters (stream, payload, reason, created_at) VALUES (?, ?, ?, ?)",
+        )
+        .bind(stream)
+        .bind(payload)
+        .bind(reason)
+        .bind(now_secs())
+        .execute(&self.pool)
+        .await?;
+        Ok(())
+    }
+
+    /// Dead letters, oldest first: (stream, payload, reason).
+    pub async fn dead_letters(&self) -> Result<Vec<(String, String, String)>> {
+        let _t = self.timed();
+        let rows = sqlx::query("SELECT stream, payload, reason FROM dead_letters ORDER BY id")
+            .fetch_all(&self.pool)
+            .await?;
+        Ok(rows
+            .into_iter()
+            .map(|r| (r.get(0), r.get(1), r.get(2)))
+            .collect())
     }
 
     /// Every reply, oldest first (tests, tools).

@@ -14,7 +14,7 @@ use axum::response::{IntoResponse, Response};
 use axum::routing::get;
 use homeserver_protocol::Keypair;
 use pkbot::index::nexus::NexusIndex;
-use pkbot::index::{Index, IndexError, thread};
+use pkbot::index::{Index, IndexError, Post, thread};
 use pkbot::post::PostUri;
 use serde_json::{Value, json};
 
@@ -154,7 +154,12 @@ async fn nexus_wire_format() {
     let base = format!("http://{}", listener.local_addr().unwrap());
     tokio::spawn(async move { axum::serve(listener, app).await.unwrap() });
 
-    let index = NexusIndex::new(&base, &bot, Duration::from_secs(5));
+    let index = NexusIndex::new(
+        &base,
+        &bot,
+        Duration::from_secs(5),
+        Duration::from_secs(86_400),
+    );
     // 429 is honoured: the poller hears how long to wait.
     match index.mentions_after(None).await {
         Err(IndexError::RateLimited(wait)) => assert_eq!(wait, Duration::from_secs(7)),
@@ -204,4 +209,70 @@ async fn nexus_wire_format() {
         1,
         "the other reply (the mention is an ancestor)"
     );
+}
+
+/// A backlog longer than many pages is walked to its end (the position moves past all
+/// of it, so nothing in between may be left out), but not further back than the bot
+/// would answer (`poller.max_age_secs`).
+#[tokio::test]
+async fn a_long_backlog_is_read_whole_but_not_past_max_age() {
+    let bot = Keypair::random().public_key();
+    let bob = Keypair::random().public_key();
+    let now_ms = i64::try_from(
+        std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .unwrap()
+            .as_millis(),
+    )
+    .unwrap();
+    let shared: Shared = Arc::default();
+    let mention = |i: i64| PostUri::new(bob, format!("0034A0RR{i:05}"));
+    {
+        let mut n = shared.lock().unwrap();
+        // 1 150 recent mentions (a second apart), then 300 from two days ago.
+        for i in 0..1450 {
+            let uri = mention(i);
+            let at = if i < 1150 {
+                now_ms - i * 1000
+            } else {
+                now_ms - 2 * 86_400_000 - i * 1000
+            };
+            n.notifications.push(json!({"timestamp": at, "body": {"type": "mention", "mentioned_by": bob.to_z32(), "post_uri": uri.to_string()}}));
+            n.posts
+                .insert(uri.key(), view(&uri, &format!("tl;dr pk:{bot}"), None));
+        }
+    }
+    let app = axum::Router::new()
+        .route("/v0/user/{user}/notifications", get(notifications))
+        .route("/v0/post/{author}/{id}", get(post))
+        .with_state(shared.clone());
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let base = format!("http://{}", listener.local_addr().unwrap());
+    tokio::spawn(async move { axum::serve(listener, app).await.unwrap() });
+
+    let index = NexusIndex::new(
+        &base,
+        &bot,
+        Duration::from_secs(5),
+        Duration::from_secs(86_400),
+    );
+    assert!(matches!(
+        index.mentions_after(None).await,
+        Err(IndexError::RateLimited(_))
+    ));
+    let page = index.mentions_after(None).await.unwrap();
+    let recent: Vec<&Post> = page
+        .mentions
+        .iter()
+        .filter(|p| p.uri.id.as_str() < "0034A0RR01150")
+        .collect();
+    assert_eq!(recent.len(), 1150, "every recent mention, across 12 pages");
+    // Oldest first; the last page's old ones come too (the poller records them as
+    // skipped_old), nothing older.
+    assert_eq!(page.mentions.len(), 1200);
+    assert_eq!(page.mentions[0].uri.id, "0034A0RR01199");
+    assert_eq!(page.position.as_deref(), Some(now_ms.to_string().as_str()));
+    // The walk stopped at the first page reaching past a day: 12 pages, not 15.
+    let asked = shared.lock().unwrap().asked.len() - 1;
+    assert_eq!(asked, 12, "pages asked for");
 }

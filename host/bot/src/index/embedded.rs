@@ -22,6 +22,9 @@ const FEED_POSITION: &str = "index.feed";
 const FEED_PAGE: u32 = 500;
 /// Mentions handed to the poller per call.
 const MENTION_PAGE: u32 = 100;
+/// Reads of one post the homeserver answered with an error before it is skipped (the
+/// feed must not stop at one broken value).
+const TRIES_BEFORE_SKIPPING: u32 = 3;
 
 /// The embedded index over `client`'s homeserver.
 pub struct EmbeddedIndex {
@@ -29,6 +32,8 @@ pub struct EmbeddedIndex {
     store: Store,
     matcher: MentionMatcher,
     new_mentions: Arc<Notify>,
+    /// The feed event whose post could not be read last time, and how often in a row.
+    failing: std::sync::Mutex<(u64, u32)>,
 }
 
 impl EmbeddedIndex {
@@ -38,6 +43,7 @@ impl EmbeddedIndex {
             store,
             matcher,
             new_mentions: Arc::new(Notify::new()),
+            failing: std::sync::Mutex::new((0, 0)),
         })
     }
 
@@ -78,35 +84,76 @@ impl EmbeddedIndex {
             .await
             .map_err(|e| IndexError::Unavailable(e.to_string()))?;
         let mut mentioned = false;
+        let mut done = cursor;
+        let mut failure = None;
         for event in &page.events {
-            let Some(uri) = PostUri::parse(&event.url) else {
-                continue; // not a pubky.app post
-            };
-            match event.kind {
-                EventKind::Put => mentioned |= self.index_post(&uri).await?,
-                EventKind::Del => self
-                    .store
-                    .index_delete(&uri.to_string())
-                    .await
-                    .map_err(unavailable)?,
+            if let Some(uri) = PostUri::parse(&event.url) {
+                let indexed = match event.kind {
+                    EventKind::Put => self.index_post(&uri, event.cursor).await,
+                    EventKind::Del => self
+                        .store
+                        .index_delete(&uri.to_string())
+                        .await
+                        .map(|()| false)
+                        .map_err(unavailable),
+                };
+                match indexed {
+                    Ok(named) => mentioned |= named,
+                    Err(e) => {
+                        failure = Some(e);
+                        break;
+                    }
+                }
             }
+            done = event.cursor;
         }
-        if page.cursor != cursor {
+        // What was indexed stays indexed, also when a later event failed.
+        let next = if failure.is_none() {
+            page.cursor.max(done)
+        } else {
+            done
+        };
+        if next != cursor {
             self.store
-                .set_position(FEED_POSITION, &page.cursor.to_string())
+                .set_position(FEED_POSITION, &next.to_string())
                 .await
                 .map_err(unavailable)?;
         }
         if mentioned {
             self.new_mentions.notify_one();
         }
+        if let Some(e) = failure {
+            return Err(e);
+        }
         Ok(page.events.len() == FEED_PAGE as usize)
     }
 
     /// Reads a post from its author's space and stores it; true when it names the bot.
-    async fn index_post(&self, uri: &PostUri) -> Result<bool, IndexError> {
-        let Some(post) = self.fetch(uri).await? else {
-            return Ok(false);
+    /// A post the homeserver keeps answering with an error for is skipped after
+    /// [`TRIES_BEFORE_SKIPPING`] reads (an unreachable homeserver never skips anything).
+    async fn index_post(&self, uri: &PostUri, at: u64) -> Result<bool, IndexError> {
+        let post = match self.fetch(uri).await {
+            Ok(Some(post)) => post,
+            Ok(None) => return Ok(false),
+            Err(e) if e.status().is_none() => {
+                return Err(IndexError::Unavailable(e.to_string()));
+            }
+            Err(e) => {
+                let tries = {
+                    let mut failing = self.failing.lock().unwrap_or_else(|p| p.into_inner());
+                    *failing = if failing.0 == at {
+                        (at, failing.1 + 1)
+                    } else {
+                        (at, 1)
+                    };
+                    failing.1
+                };
+                if tries < TRIES_BEFORE_SKIPPING {
+                    return Err(IndexError::Unavailable(format!("reading {uri}: {e}")));
+                }
+                tracing::warn!(%uri, error = %e, tries, "embedded index: skipping a post the homeserver cannot serve");
+                return Ok(false);
+            }
         };
         let mentions_bot = self.matcher.mentions(&post.content);
         self.store
@@ -129,7 +176,7 @@ impl EmbeddedIndex {
     }
 
     /// A post's value from the homeserver; None when it is gone or not a post.
-    async fn fetch(&self, uri: &PostUri) -> Result<Option<PubkyAppPost>, IndexError> {
+    async fn fetch(&self, uri: &PostUri) -> Result<Option<PubkyAppPost>, pk_client::ClientError> {
         match self.client.get_bytes(&uri.path(), Some(uri.author)).await {
             Ok(bytes) => match serde_json::from_slice::<PubkyAppPost>(&bytes) {
                 Ok(post) => Ok(Some(post)),
@@ -139,7 +186,7 @@ impl EmbeddedIndex {
                 }
             },
             Err(e) if e.is_not_found() => Ok(None),
-            Err(e) => Err(IndexError::Unavailable(e.to_string())),
+            Err(e) => Err(e),
         }
     }
 }
@@ -186,7 +233,11 @@ impl Index for EmbeddedIndex {
             return Ok(to_post(row));
         }
         // Not followed yet (or the feed is behind): read it from the homeserver.
-        Ok(self.fetch(uri).await?.map(|p| Post {
+        let fetched = self
+            .fetch(uri)
+            .await
+            .map_err(|e| IndexError::Unavailable(e.to_string()))?;
+        Ok(fetched.map(|p| Post {
             uri: uri.clone(),
             content: p.content,
             parent: p.parent.as_deref().and_then(PostUri::parse),

@@ -22,8 +22,9 @@ use crate::post::PostUri;
 
 /// Notifications asked for per request (Nexus allows 1 to 100).
 const PAGE: u32 = 100;
-/// Pages read per poll, at most (older ones wait for the next poll).
-const MAX_PAGES: usize = 10;
+/// Pages read per poll at most: a guard against an index that never ends its list
+/// (100 000 notifications within `poller.max_age_secs`).
+const MAX_PAGES: usize = 1000;
 /// Replies read per post.
 const REPLIES: u32 = 100;
 
@@ -31,6 +32,8 @@ pub struct NexusIndex {
     http: reqwest::Client,
     base: String,
     bot: String,
+    /// Older notifications are not walked to (the poller would skip them anyway).
+    max_age: Duration,
 }
 
 #[derive(Debug, Deserialize)]
@@ -60,7 +63,14 @@ struct Relationships {
 }
 
 impl NexusIndex {
-    pub fn new(base: &str, bot: &homeserver_protocol::PublicKey, timeout: Duration) -> Self {
+    /// A client of the Nexus at `base` for the bot `bot`; a backlog is walked back to
+    /// `max_age` ago at most.
+    pub fn new(
+        base: &str,
+        bot: &homeserver_protocol::PublicKey,
+        timeout: Duration,
+        max_age: Duration,
+    ) -> Self {
         Self {
             http: reqwest::Client::builder()
                 .timeout(timeout)
@@ -68,6 +78,7 @@ impl NexusIndex {
                 .unwrap_or_default(),
             base: base.trim_end_matches('/').to_owned(),
             bot: bot.to_z32(),
+            max_age,
         }
     }
 
@@ -125,11 +136,30 @@ impl Index for NexusIndex {
 
     async fn mentions_after(&self, position: Option<&str>) -> Result<MentionPage, IndexError> {
         let after: i64 = position.and_then(|p| p.parse().ok()).unwrap_or(0);
-        // Newest first: page down from now to just above `after`.
+        // Newest first: page down from now to just above `after`, the whole backlog (the
+        // position moves past all of it), but not to what is too old to answer.
+        let now_ms = i64::try_from(
+            std::time::SystemTime::now()
+                .duration_since(std::time::UNIX_EPOCH)
+                .unwrap_or_default()
+                .as_millis(),
+        )
+        .unwrap_or(i64::MAX);
+        let too_old =
+            now_ms.saturating_sub(i64::try_from(self.max_age.as_millis()).unwrap_or(i64::MAX));
         let mut found: Vec<(i64, PostUri)> = Vec::new();
         let mut newest = after;
         let mut start: Option<i64> = None;
-        for _ in 0..MAX_PAGES {
+        let mut pages = 0;
+        loop {
+            pages += 1;
+            if pages > MAX_PAGES {
+                tracing::warn!(
+                    pages = MAX_PAGES,
+                    "the Nexus notification list did not end; older mentions are left out"
+                );
+                break;
+            }
             let mut path = format!(
                 "/v0/user/{}/notifications?limit={PAGE}&end={}",
                 self.bot,
@@ -158,7 +188,7 @@ impl Index for NexusIndex {
                     found.push((n.timestamp, uri));
                 }
             }
-            if page.len() < PAGE as usize {
+            if page.len() < PAGE as usize || oldest < too_old {
                 break;
             }
             start = Some(oldest - 1);

@@ -117,6 +117,14 @@ impl AiModel for OpenAiCompatible {
                     retry_after_secs,
                 });
             }
+            // A client error (a wrong key, a bad model name) will not pass on a retry.
+            status if status.is_client_error() => {
+                let text = response.text().await.unwrap_or_default();
+                return Err(ProviderError::Invalid {
+                    provider: self.name.clone(),
+                    message: format!("{status}: {}", text.chars().take(200).collect::<String>()),
+                });
+            }
             status if !status.is_success() => {
                 let text = response.text().await.unwrap_or_default();
                 return Err(self.failed(format!(

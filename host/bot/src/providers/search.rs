@@ -138,6 +138,12 @@ impl SearchApi for WebSearch {
                     retry_after_secs,
                 });
             }
+            status if status.is_client_error() => {
+                return Err(ProviderError::Invalid {
+                    provider: self.name().to_owned(),
+                    message: status.to_string(),
+                });
+            }
             status if !status.is_success() => return Err(self.failed(status.to_string())),
             _ => {}
         }

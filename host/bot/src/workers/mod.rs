@@ -30,8 +30,33 @@ pub enum StageError {
     Index(#[from] IndexError),
     #[error(transparent)]
     Provider(#[from] ProviderError),
+    /// Writing to the bot's homeserver failed.
+    #[error("the homeserver: {0}")]
+    Homeserver(#[from] pk_client::ClientError),
     #[error("{0}")]
     Other(String),
+}
+
+impl StageError {
+    /// Whether trying the same message again later may work: a provider, the index or
+    /// the homeserver unreachable, busy or rate limiting, the database busy. Anything
+    /// else (an answer that will not change, a bug) is final.
+    pub fn is_transient(&self) -> bool {
+        match self {
+            Self::Store(_) | Self::Bus(_) => true,
+            Self::Index(e) => !matches!(e, IndexError::Invalid(_)),
+            Self::Provider(e) => e.is_transient(),
+            Self::Homeserver(e) => match e.status() {
+                Some(status) => status.is_server_error() || status.as_u16() == 429,
+                None => matches!(
+                    e,
+                    pk_client::ClientError::Unreachable { .. }
+                        | pk_client::ClientError::Transport(_)
+                ),
+            },
+            Self::Other(_) => false,
+        }
+    }
 }
 
 /// Runs (or re-announces) the action a message asks for.
@@ -97,6 +122,22 @@ pub async fn handle(
         Err(e) => {
             let error = e.to_string();
             ctx.store.fail_execution(execution, took, 0, &error).await?;
+            if e.is_transient() {
+                // May pass: the pipeline tries the message again (and the re-drive
+                // later); the mention stays unanswered until then.
+                metrics
+                    .actions_executed
+                    .with_label_values(&[action.as_str(), "failed"])
+                    .inc();
+                tracing::warn!(
+                    mentionId = %mention.id,
+                    actionType = action.as_str(),
+                    aiProvider = %ctx.ai_name(),
+                    error = %error,
+                    "action failed; it is tried again"
+                );
+                return Err(e);
+            }
             metrics
                 .actions_executed
                 .with_label_values(&[action.as_str(), "failed"])
@@ -145,6 +186,11 @@ pub(crate) fn count_ai<T>(
     tokens: u64,
 ) {
     let status = if result.is_ok() { "ok" } else { "error" };
+    ctx.status.provider_called(
+        provider,
+        crate::store::now_secs(),
+        result.as_ref().err().map(ToString::to_string),
+    );
     ctx.metrics
         .ai_api_calls
         .with_label_values(&[provider, status])

@@ -70,7 +70,10 @@ pub fn homeserver_binary_or_skip(test: &str) -> Option<PathBuf> {
 }
 
 pub struct Homeserver {
-    child: Child,
+    child: Option<Child>,
+    bin: PathBuf,
+    dir: PathBuf,
+    port: u16,
     log: PathBuf,
     pub url: String,
 }
@@ -79,9 +82,26 @@ impl Homeserver {
     pub fn start(bin: &Path, dir: &Path) -> Self {
         std::fs::create_dir_all(dir).unwrap();
         let port = free_port();
-        let log = dir.join("homeserver.log");
-        let out = std::fs::File::create(&log).unwrap();
-        let mut child = Command::new(bin)
+        let mut hs = Self {
+            child: None,
+            bin: bin.to_owned(),
+            dir: dir.to_owned(),
+            port,
+            log: dir.join("homeserver.log"),
+            url: format!("http://127.0.0.1:{port}"),
+        };
+        hs.spawn();
+        hs
+    }
+
+    fn spawn(&mut self) {
+        let (dir, port) = (&self.dir, self.port);
+        let out = std::fs::OpenOptions::new()
+            .create(true)
+            .append(true)
+            .open(&self.log)
+            .unwrap();
+        let mut child = Command::new(&self.bin)
             .current_dir(dir)
             .env("HOMESERVER__HTTP__LISTEN", format!("127.0.0.1:{port}"))
             .env("HOMESERVER__RATE_LIMIT__ENABLED", "false")
@@ -100,24 +120,34 @@ impl Homeserver {
                 "HOMESERVER__POLICIES__CACHE_DIR",
                 std::env::temp_dir().join("homeserver-test-guest-cache"),
             )
+            .env("HOMESERVER__PKARR__ENABLED", "false")
             .stdin(Stdio::null())
             .stdout(out.try_clone().unwrap())
             .stderr(out)
             .spawn()
             .expect("the homeserver starts");
-        wait_listening(port, &mut child, "homeserver", &log);
-        Self {
-            child,
-            log,
-            url: format!("http://127.0.0.1:{port}"),
+        wait_listening(port, &mut child, "homeserver", &self.log);
+        self.child = Some(child);
+    }
+
+    /// kill -9: the homeserver is gone until [`Self::start_again`].
+    pub fn stop(&mut self) {
+        if let Some(mut child) = self.child.take() {
+            let _ = child.kill();
+            let _ = child.wait();
         }
+    }
+
+    /// Starts it again on the same port and data.
+    pub fn start_again(&mut self) {
+        self.stop();
+        self.spawn();
     }
 }
 
 impl Drop for Homeserver {
     fn drop(&mut self) {
-        let _ = self.child.kill();
-        let _ = self.child.wait();
+        self.stop();
         if std::thread::panicking() {
             eprintln!(
                 "--- homeserver log ---\n{}",
@@ -275,6 +305,27 @@ impl BotProcess {
             .ok()?
     }
 
+    /// One number from the bot's database.
+    pub async fn query_scalar(&self, sql: &str) -> i64 {
+        use sqlx::Connection;
+        let url = format!("sqlite://{}/bot.db?mode=ro", self.dir.display());
+        let mut db = sqlx::SqliteConnection::connect(&url).await.unwrap();
+        sqlx::query_scalar(sql).fetch_one(&mut db).await.unwrap()
+    }
+
+    /// Waits until the bot has taken a mention (it is in its database).
+    pub async fn taken(&self, mention: &PostUri) {
+        let deadline = Instant::now() + WAIT;
+        while self.mention_status(mention).await.is_none() {
+            assert!(
+                Instant::now() < deadline,
+                "the bot never took {mention}:\n{}",
+                self.log_text()
+            );
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+    }
+
     /// Waits until the bot has finished with a mention; returns (status, error).
     pub async fn finished(&self, mention: &PostUri) -> (String, Option<String>) {
         let deadline = Instant::now() + WAIT;
@@ -409,6 +460,10 @@ pub async fn reply_to(reader: &PkClient, bot: &BotProcess, mention: &PostUri) ->
 pub struct FakeProviders {
     pub addr: SocketAddr,
     pub calls: Arc<AtomicU64>,
+    /// The next this many AI calls answer 500 (as an overloaded API does).
+    pub failing: Arc<AtomicU64>,
+    /// How long each AI answer takes, in milliseconds.
+    pub delay_ms: Arc<AtomicU64>,
     _task: tokio::task::JoinHandle<()>,
 }
 
@@ -416,16 +471,26 @@ impl FakeProviders {
     pub async fn start(delay: Duration) -> Self {
         use axum::routing::{get, post};
         let calls = Arc::new(AtomicU64::new(0));
-        let counter = calls.clone();
+        let failing = Arc::new(AtomicU64::new(0));
+        let delay_ms = Arc::new(AtomicU64::new(delay.as_millis() as u64));
+        let (counter, to_fail, wait) = (calls.clone(), failing.clone(), delay_ms.clone());
         let app = axum::Router::new()
             .route(
                 "/v1/chat/completions",
                 post(move |axum::Json(body): axum::Json<Value>| {
-                    let counter = counter.clone();
+                    let (counter, to_fail) = (counter.clone(), to_fail.clone());
+                    let delay = Duration::from_millis(wait.load(Ordering::SeqCst));
                     async move {
                         counter.fetch_add(1, Ordering::SeqCst);
                         tokio::time::sleep(delay).await;
-                        axum::Json(chat_answer(&body))
+                        let fail = to_fail
+                            .fetch_update(Ordering::SeqCst, Ordering::SeqCst, |n| n.checked_sub(1))
+                            .is_ok();
+                        if fail {
+                            let error = json!({"error": {"message": "The server is overloaded", "type": "server_error"}});
+                            return (axum::http::StatusCode::INTERNAL_SERVER_ERROR, axum::Json(error));
+                        }
+                        (axum::http::StatusCode::OK, axum::Json(chat_answer(&body)))
                     }
                 }),
             )
@@ -446,6 +511,8 @@ impl FakeProviders {
         Self {
             addr,
             calls,
+            failing,
+            delay_ms,
             _task: task,
         }
     }

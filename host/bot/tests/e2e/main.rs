@@ -115,10 +115,16 @@ async fn local_mode_summarizes_fact_checks_and_honours_the_safety_filter() {
         "bot_replies_published_total 2",
         "bot_replies_blocked_total 1",
         "bot_actions_executed_total{status=\"success\",type=\"summary\"} 2",
-        "bot_db_query_duration_seconds_count",
+        // Series known at start exist from the start, at zero.
+        "bot_actions_executed_total{status=\"failed\",type=\"factcheck\"} 0",
+        "bot_redis_operations_total{operation=\"publish\"} 0",
     ] {
-        assert!(metrics.contains(series), "{series} missing:\n{metrics}");
+        assert!(
+            metrics.lines().any(|line| line == series),
+            "{series} missing:\n{metrics}"
+        );
     }
+    assert!(metrics.contains("bot_db_query_duration_seconds_count"));
     promtool_lints(&metrics);
     // The spec's JSON log lines, with their context fields.
     let line = bot
@@ -324,6 +330,90 @@ async fn ai_and_search_providers_over_their_wire_formats() {
     assert_eq!(line["aiProvider"], "127.0.0.1");
 }
 
+/// Failures that pass: the AI API answering 500 for a while, the homeserver down when
+/// the reply is due. The mention is answered once they pass, exactly once; nothing is
+/// dead-lettered.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn passing_failures_are_tried_again_until_they_pass() {
+    let Some(bin) = homeserver_binary_or_skip("passing_failures_are_tried_again") else {
+        return;
+    };
+    let dir = tempfile::tempdir().unwrap();
+    let mut hs = Homeserver::start(&bin, &dir.path().join("hs"));
+    let fake = FakeProviders::start(Duration::ZERO).await;
+    let ai_base = format!("{}/v1", fake.base());
+    let bot = BotProcess::start(
+        &hs.url,
+        &dir.path().join("bot"),
+        &[
+            ("PKBOT__AI__BASE_URL", ai_base.as_str()),
+            ("PKBOT__AI__API_KEY", "test-key"),
+            ("PKBOT__WORKERS__REDRIVE_INTERVAL_SECS", "1"),
+        ],
+    );
+    let reader = PkClient::new(&hs.url, None).unwrap();
+    let handle = format!("pk:{}", bot.key);
+    let (alice, bob) = (User::new(&hs.url).await, User::new(&hs.url).await);
+    let root = alice.post("The bridge opened in 2020.", None).await;
+
+    // More failures than one delivery's tries: a re-drive finishes it.
+    fake.failing.store(5, std::sync::atomic::Ordering::SeqCst);
+    let mention = bob.post(&format!("tl;dr {handle}"), Some(&root)).await;
+    let summary = reply_to(&reader, &bot, &mention).await;
+    assert!(
+        summary.content.starts_with("Summary of this thread:"),
+        "{}",
+        summary.content
+    );
+    assert_eq!(fake.failing.load(std::sync::atomic::Ordering::SeqCst), 0);
+    assert_eq!(bot.finished(&mention).await.0, "completed");
+    let failed_runs: i64 = bot
+        .query_scalar("SELECT COUNT(*) FROM action_executions WHERE status = 'failed'")
+        .await;
+    assert_eq!(
+        failed_runs, 5,
+        "each failed AI call is a recorded failed run"
+    );
+    let metrics = reqwest::get(format!("{}/metrics", bot.health))
+        .await
+        .unwrap()
+        .text()
+        .await
+        .unwrap();
+    for series in [
+        "bot_ai_api_calls_total{provider=\"127.0.0.1\",status=\"error\"} 5",
+        "bot_ai_api_calls_total{provider=\"127.0.0.1\",status=\"ok\"} 1",
+        "bot_actions_executed_total{status=\"failed\",type=\"summary\"} 5",
+    ] {
+        assert!(
+            metrics.lines().any(|line| line == series),
+            "{series} missing:\n{metrics}"
+        );
+    }
+    // The last AI call worked: the provider is ok again.
+    assert_eq!(bot.health().await["aiProvider"]["status"], "ok");
+
+    // The homeserver stops after the mention is taken and before the reply is written
+    // (the slow AI answer is the window); it comes back later.
+    fake.delay_ms
+        .store(3000, std::sync::atomic::Ordering::SeqCst);
+    let mention = bob.post(&format!("summarize {handle}"), Some(&root)).await;
+    bot.taken(&mention).await;
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    hs.stop();
+    tokio::time::sleep(Duration::from_secs(5)).await;
+    assert!(matches!(
+        bot.mention_status(&mention).await.unwrap().0.as_str(),
+        "pending" | "processing"
+    ));
+    hs.start_again();
+    let reply = reply_to(&reader, &bot, &mention).await;
+    assert!(reply.content.starts_with("Summary"), "{}", reply.content);
+    assert_eq!(replies_to(&reader, bot.key, &mention).await.len(), 1);
+    let dead: i64 = bot.query_scalar("SELECT COUNT(*) FROM dead_letters").await;
+    assert_eq!(dead, 0, "{}", bot.log_text());
+}
+
 /// A crash at each step of the pipeline (the process aborts at a failpoint, as kill -9
 /// would stop it), then a restart: the mention gets exactly one reply.
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
@@ -454,4 +544,34 @@ fn promtool_lints(text: &str) {
             eprintln!("SKIPPED promtool lint: promtool not installed ({e})");
         }
     }
+}
+
+/// A post in the feed the homeserver cannot serve (its blob is gone) is skipped after a
+/// few reads: the feed does not stop there, later mentions are answered.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn an_unreadable_post_does_not_stop_the_feed() {
+    let Some(bin) = homeserver_binary_or_skip("an_unreadable_post_does_not_stop_the_feed") else {
+        return;
+    };
+    let dir = tempfile::tempdir().unwrap();
+    let hs_dir = dir.path().join("hs");
+    let hs = Homeserver::start(&bin, &hs_dir);
+    let alice = User::new(&hs.url).await;
+    alice.post("a post whose value will be lost", None).await;
+    // Lose every value stored so far (the post above and nothing the bot needs later).
+    std::fs::remove_dir_all(hs_dir.join("blobs")).unwrap();
+    std::fs::create_dir_all(hs_dir.join("blobs")).unwrap();
+
+    let bot = BotProcess::start(&hs.url, &dir.path().join("bot"), &[]);
+    let reader = PkClient::new(&hs.url, None).unwrap();
+    let bob = User::new(&hs.url).await;
+    let mention = bob.post(&format!("tl;dr pk:{}", bot.key), None).await;
+    let reply = reply_to(&reader, &bot, &mention).await;
+    assert!(reply.content.contains("summary"), "{}", reply.content);
+    assert!(
+        bot.log_text()
+            .contains("skipping a post the homeserver cannot serve"),
+        "{}",
+        bot.log_text()
+    );
 }
