@@ -1571,11 +1571,17 @@ fn keys_records_and_migrating_between_homeservers() {
         pk(args, &env, None)
     };
     assert_ok(&pk(&["keygen", "--out", key_file], &[], None));
-    // Signing up on A hands A the record naming it; `pk publish` puts it on the DHT too.
-    assert_ok(&run(&a.url, &["signup"]));
+    // Signing up on A with --publish hands A the record naming it; `pk publish` puts it
+    // on the DHT too.
+    assert_ok(&run(&a.url, &["signup", "--publish"]));
     let o = run(&a.url, &["publish"]);
     assert_ok(&o);
     assert!(stdout(&o).contains(&a_key), "{}", stdout(&o));
+    // Signing up on B as well (no --publish) does not make B her home: the lookups by
+    // her key below still find A.
+    let o = run(&b.url, &["signup"]);
+    assert_ok(&o);
+    assert!(stderr(&o).contains("pk publish"), "{}", stderr(&o));
     for i in 0..40 {
         let value = format!("value {i} ").repeat(50_000);
         let file = dir.path().join("v");

@@ -176,26 +176,29 @@ async fn execute(config: Config, command: Command) -> Result<ExitCode, String> {
             bar.0.finish_and_clear();
             eprintln!(
                 "copied {} users, {} values ({} bytes; {} already there), {} events, {} \
-                 signup tokens, {} sessions",
+                 signup tokens, {} sessions, {} pkarr records",
                 summary.users,
                 summary.entries,
                 summary.bytes,
                 summary.blobs_skipped,
                 summary.events,
                 summary.signup_tokens,
-                summary.sessions
+                summary.sessions,
+                summary.pkarr_records
             );
             // Verify: the target holds what the source does, entry by entry.
             let checked = maintenance::verify_copy(&from, &into)
                 .await
                 .map_err(|e| format!("{e} (run the same command again to copy what is missing)"))?;
             eprintln!(
-                "verified: {} users, {} entries ({} bytes) with their values, and the event \
-                 log up to cursor {} match on both; point the servers at {} and start them",
+                "verified: {} users, {} entries ({} bytes) with their values, the event \
+                 log up to cursor {} and {} pkarr records match on both; point the servers at \
+                 {} and start them",
                 checked.users,
                 checked.entries,
                 checked.bytes,
                 checked.latest_cursor,
+                checked.pkarr_records,
                 to.display()
             );
             Ok(ExitCode::SUCCESS)

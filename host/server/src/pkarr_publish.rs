@@ -29,6 +29,8 @@ const RECORD_TTL: u32 = 3600;
 const PAGE: u32 = 500;
 /// First pause after a failed round; it doubles up to the republish interval.
 const FIRST_RETRY: Duration = Duration::from_secs(5);
+/// Users' records published at once (each is a DHT query of its own).
+const CONCURRENT_PUBLICATIONS: usize = 16;
 
 /// What the publisher did last, for `/admin/pkarr` and the metrics.
 #[derive(Debug, Clone, Default, Serialize)]
@@ -50,23 +52,38 @@ pub struct PkarrStatus {
     pub failed_rounds: u64,
 }
 
-/// The shared status board, and the bell that starts a round early (a user handed in a
-/// new record).
+/// The shared status board, and the records users just handed in (published at once,
+/// without waiting for the next round).
 #[derive(Debug, Default)]
-pub struct PkarrBoard(Mutex<PkarrStatus>, tokio::sync::Notify);
+pub struct PkarrBoard {
+    status: Mutex<PkarrStatus>,
+    handed_in: Mutex<Vec<(String, Vec<u8>)>>,
+    bell: tokio::sync::Notify,
+}
 
 impl PkarrBoard {
-    /// Publishes soon, without waiting for the interval.
-    pub fn wake(&self) {
-        self.1.notify_one();
+    /// Publishes `user`'s new record soon, without waiting for the interval.
+    pub fn handed_in(&self, user: String, payload: Vec<u8>) {
+        self.handed_in
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .push((user, payload));
+        self.bell.notify_one();
+    }
+
+    fn take_handed_in(&self) -> Vec<(String, Vec<u8>)> {
+        std::mem::take(&mut *self.handed_in.lock().unwrap_or_else(|e| e.into_inner()))
     }
 
     pub fn get(&self) -> PkarrStatus {
-        self.0.lock().unwrap_or_else(|e| e.into_inner()).clone()
+        self.status
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .clone()
     }
 
     fn update(&self, f: impl FnOnce(&mut PkarrStatus)) {
-        f(&mut self.0.lock().unwrap_or_else(|e| e.into_inner()));
+        f(&mut self.status.lock().unwrap_or_else(|e| e.into_inner()));
     }
 }
 
@@ -150,7 +167,7 @@ pub fn user_packet(user: &pkarr::PublicKey, payload: &[u8]) -> Result<SignedPack
 }
 
 /// Publishes until `stop`: the server's record (when there is an endpoint) and every
-/// stored user record, each round.
+/// stored user record, each round; a record a user hands in goes out at once.
 pub async fn run(
     client: Client,
     key: Keypair,
@@ -162,8 +179,12 @@ pub async fn run(
 ) {
     let mut retry = FIRST_RETRY;
     loop {
-        let ok = round(&client, &key, endpoint, metadata.as_ref(), &board).await;
-        let pause = if ok {
+        // A round can take long (many users, a slow DHT): a stop does not wait for it.
+        let ok = tokio::select! {
+            _ = stop.cancelled() => return,
+            ok = round(&client, &key, endpoint, metadata.as_ref(), &board) => ok,
+        };
+        let mut pause = if ok {
             retry = FIRST_RETRY;
             interval
         } else {
@@ -171,12 +192,74 @@ pub async fn run(
             retry = (retry * 2).min(interval);
             pause
         };
-        tokio::select! {
-            _ = stop.cancelled() => return,
-            _ = tokio::time::sleep(pause) => {}
-            _ = board.1.notified() => {}
+        let mut next_round = tokio::time::Instant::now() + pause;
+        loop {
+            tokio::select! {
+                _ = stop.cancelled() => return,
+                _ = tokio::time::sleep_until(next_round) => break,
+                _ = board.bell.notified() => {}
+            }
+            let records = board.take_handed_in();
+            let failed = tokio::select! {
+                _ = stop.cancelled() => return,
+                (_, failed, first_error) = publish_users(&client, &records) => {
+                    if let Some(e) = &first_error {
+                        tracing::warn!(error = %e, "pkarr: publishing a new record failed; the next round tries again");
+                    }
+                    failed
+                }
+            };
+            if failed > 0 {
+                // Soon, not at the end of the interval.
+                pause = FIRST_RETRY;
+                next_round = next_round.min(tokio::time::Instant::now() + pause);
+            }
         }
     }
+}
+
+/// Publishes users' records, [`CONCURRENT_PUBLICATIONS`] at once: (published, failed,
+/// the first error).
+async fn publish_users(
+    client: &Client,
+    records: &[(String, Vec<u8>)],
+) -> (u64, u64, Option<String>) {
+    use futures_util::StreamExt;
+    let results: Vec<(String, Result<(), String>)> = futures_util::stream::iter(records.to_vec())
+        .map(|(user, payload)| {
+            let client = client.clone();
+            async move {
+                let packet = user
+                    .parse::<pkarr::PublicKey>()
+                    .map_err(|e| e.to_string())
+                    .and_then(|key| user_packet(&key, &payload));
+                let result = match packet {
+                    Ok(packet) => client
+                        .publish(&packet)
+                        .await
+                        .map(|_| ())
+                        .map_err(|e| e.to_string()),
+                    Err(e) => Err(e),
+                };
+                (user, result)
+            }
+        })
+        .buffer_unordered(CONCURRENT_PUBLICATIONS)
+        .collect()
+        .await;
+    let (mut published, mut failed, mut first_error) = (0, 0, None);
+    for (user, result) in results {
+        match result {
+            Ok(()) => published += 1,
+            // The DHT holds a newer record of the user's own: nothing to do.
+            Err(e) if e.contains("recent") => published += 1,
+            Err(e) => {
+                failed += 1;
+                first_error.get_or_insert(format!("record of {user}: {e}"));
+            }
+        }
+    }
+    (published, failed, first_error)
 }
 
 /// One round; true when everything was published.
@@ -214,24 +297,11 @@ async fn round(
         };
         let Some(last) = page.last() else { break };
         after = last.0.clone();
-        for (user, payload) in &page {
-            let packet = user
-                .parse::<pkarr::PublicKey>()
-                .map_err(|e| e.to_string())
-                .and_then(|key| user_packet(&key, payload));
-            let result = match packet {
-                Ok(packet) => client.publish(&packet).await.map_err(|e| e.to_string()),
-                Err(e) => Err(e),
-            };
-            match result {
-                Ok(_) => published += 1,
-                // The DHT holds a newer record of the user's own: nothing to do.
-                Err(e) if e.contains("recent") => published += 1,
-                Err(e) => {
-                    failed += 1;
-                    first_error.get_or_insert(format!("record of {user}: {e}"));
-                }
-            }
+        let (ok, bad, error) = publish_users(client, &page).await;
+        published += ok;
+        failed += bad;
+        if let Some(e) = error {
+            first_error.get_or_insert(e);
         }
         if page.len() < PAGE as usize {
             break;

@@ -117,6 +117,11 @@ pub enum Command {
         /// Signup token, when the homeserver requires one (XXXX-XXXX-XXXX, any case).
         #[arg(long, value_name = "TOKEN")]
         token: Option<String>,
+        /// Also make this your home: hand the homeserver your pkarr record naming it
+        /// (it keeps it on the DHT), as `pk publish` does. Leave it out when signing up
+        /// on a second homeserver.
+        #[arg(long)]
+        publish: bool,
     },
 
     /// Store a file (or standard input with `-`) at PATH.
@@ -212,6 +217,9 @@ pub enum Command {
         /// The new homeserver: a URL, or its public key (found on the DHT).
         #[arg(long, value_name = "URL|KEY")]
         to: String,
+        /// Signup token for the new homeserver, when it requires one.
+        #[arg(long, value_name = "TOKEN")]
+        token: Option<String>,
         /// Do not publish the record naming the new homeserver.
         #[arg(long)]
         no_publish: bool,

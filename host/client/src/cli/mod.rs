@@ -125,7 +125,9 @@ async fn run(cli: Cli, matches: &ArgMatches) -> Result<(), CliError> {
         Command::Pubkey => keys::pubkey(&ctx),
         Command::Config => keys::show_config(&ctx),
         Command::Whoami => storage::whoami(&ctx).await,
-        Command::Signup { token } => storage::signup(&ctx, token.as_deref()).await,
+        Command::Signup { token, publish } => {
+            storage::signup(&ctx, token.as_deref(), publish).await
+        }
         Command::Session { capabilities, ttl } => storage::session(&ctx, &capabilities, ttl).await,
         Command::Put { path, file } => storage::put(&ctx, &path, &file).await,
         Command::Get {
@@ -142,7 +144,11 @@ async fn run(cli: Cli, matches: &ArgMatches) -> Result<(), CliError> {
         Command::Stream(args) => events::stream(&ctx, args).await,
         Command::Post { text, reply_to } => posts::post(&ctx, &text, reply_to.as_deref()).await,
         Command::Publish { homeserver_key } => network::publish(&ctx, homeserver_key).await,
-        Command::Migrate { to, no_publish } => network::migrate(&ctx, &to, !no_publish).await,
+        Command::Migrate {
+            to,
+            token,
+            no_publish,
+        } => network::migrate(&ctx, &to, token.as_deref(), !no_publish).await,
         Command::Replies { uri, user, wait } => posts::replies(&ctx, &uri, user, wait).await,
         Command::Events(args) => events::events(&ctx, args).await,
         Command::Completions { shell } => {
@@ -308,6 +314,11 @@ enum CliError {
     #[error("{0}")]
     NotFound(String),
 
+    /// A migration whose copy does not match its source (values changed meanwhile);
+    /// running it again finishes it.
+    #[error("{0}")]
+    Incomplete(String),
+
     #[error("{context}")]
     Io {
         context: String,
@@ -372,6 +383,7 @@ impl CliError {
             CliError::BinaryToTerminal { .. } => "binary_value".into(),
             CliError::Usage(_) => "usage".into(),
             CliError::NotFound(_) => "not_found".into(),
+            CliError::Incomplete(_) => "incomplete".into(),
             CliError::Io { .. } => "io".into(),
         }
     }

@@ -103,6 +103,7 @@ pub fn subject_of(command: &Command) -> Option<PublicKey> {
         Command::Get { user, .. } | Command::Stat { user, .. } => *user,
         Command::Ls(args) => args.user,
         Command::Cp(args) => args.user,
+        Command::Sync(args) => args.user,
         Command::Replies { user, .. } => Some(*user),
         _ => None,
     }
@@ -155,12 +156,17 @@ async fn publish_record(
     Ok((stored, on_dht))
 }
 
-/// `pk migrate --to URL|KEY [--no-publish]`.
-pub async fn migrate(ctx: &Context, to: &str, publish: bool) -> Result<(), CliError> {
+/// `pk migrate --to URL|KEY [--token T] [--no-publish]`.
+pub async fn migrate(
+    ctx: &Context,
+    to: &str,
+    token: Option<&str>,
+    publish: bool,
+) -> Result<(), CliError> {
     let source = ctx.signing_client()?;
     let target_at = Target::of(ctx, to, None).await?;
     let target = ctx.client_of(&target_at, Some(ctx.keypair()?))?;
-    target.signup(None).await?;
+    target.signup(token).await?;
     let from = listing(&source).await?;
     let already: HashMap<String, Option<String>> = listing(&target)
         .await?
@@ -182,7 +188,7 @@ pub async fn migrate(ctx: &Context, to: &str, publish: bool) -> Result<(), CliEr
         let value = source.get_bytes(&entry.path, None).await?;
         let hash = content_hash_of(&value);
         if entry.content_hash.as_deref().is_some_and(|h| h != hash) {
-            return Err(CliError::Usage(format!(
+            return Err(CliError::Incomplete(format!(
                 "{} changed on the old homeserver while it was copied; run the migration again",
                 entry.path
             )));
@@ -195,7 +201,8 @@ pub async fn migrate(ctx: &Context, to: &str, publish: bool) -> Result<(), CliEr
         }
     }
     finish(bar);
-    // Every value is on the new homeserver, by hash.
+    // Every value is on the new homeserver, by hash; and the source still lists what
+    // was copied (a write to it meanwhile would be left behind).
     let arrived: HashMap<String, Option<String>> = listing(&target)
         .await?
         .into_iter()
@@ -207,15 +214,45 @@ pub async fn migrate(ctx: &Context, to: &str, publish: bool) -> Result<(), CliEr
         .map(|e| e.path.as_str())
         .collect();
     if !missing.is_empty() {
-        return Err(CliError::Usage(format!(
+        return Err(CliError::Incomplete(format!(
             "{} values differ on the new homeserver (e.g. {}); run the migration again",
             missing.len(),
             missing[0]
         )));
     }
+    let now: HashMap<String, Option<String>> = listing(&source)
+        .await?
+        .into_iter()
+        .map(|e| (e.path, e.content_hash))
+        .collect();
+    let copied_set: HashMap<&str, &Option<String>> = from
+        .iter()
+        .map(|e| (e.path.as_str(), &e.content_hash))
+        .collect();
+    let changed = now
+        .iter()
+        .filter(|(path, hash)| copied_set.get(path.as_str()) != Some(hash))
+        .count();
+    if changed > 0 {
+        return Err(CliError::Incomplete(format!(
+            "{changed} values were written on the old homeserver during the migration; run \
+             it again to copy them (nothing was published yet)"
+        )));
+    }
+    // Values on the new homeserver the old one does not have (written there before).
+    let extra = arrived
+        .keys()
+        .filter(|p| !copied_set.contains_key(p.as_str()))
+        .count();
     let published = if publish {
         let server = target.server_info().await?.public_key;
-        Some(publish_record(ctx, &target, server).await?)
+        let published = publish_record(ctx, &target, server).await?;
+        // The old homeserver republishes the record it holds: give it the new one, so
+        // it does not keep the old one alive (it may refuse; that is fine).
+        if let Ok(record) = Resolver::user_record(&ctx.keypair()?, &server) {
+            let _ = source.store_record(&record).await;
+        }
+        Some(published)
     } else {
         None
     };
@@ -225,6 +262,7 @@ pub async fn migrate(ctx: &Context, to: &str, publish: bool) -> Result<(), CliEr
             "skipped": skipped,
             "bytes": bytes,
             "verified": from.len(),
+            "extra_on_target": extra,
             "published": published.as_ref().map(|(stored, dht)| json!({
                 "stored_by_homeserver": stored,
                 "dht": dht.as_ref().map_or_else(|e| json!({"error": e}), |n| json!({"nodes": n})),
@@ -236,6 +274,11 @@ pub async fn migrate(ctx: &Context, to: &str, publish: bool) -> Result<(), CliEr
         target.base_url().as_str().trim_end_matches('/'),
         from.len()
     );
+    if extra > 0 {
+        text.push_str(&format!(
+            "the new homeserver also has {extra} values the old one does not (kept)\n"
+        ));
+    }
     match published {
         Some((_, Ok(n))) => text.push_str(&format!(
             "your record now names the new homeserver (stored by {n} DHT nodes)\n"

@@ -75,24 +75,38 @@ pub async fn whoami(ctx: &Context) -> Result<(), CliError> {
     print(&text)
 }
 
-/// `pk signup [--token T]`.
-pub async fn signup(ctx: &Context, token: Option<&str>) -> Result<(), CliError> {
+/// `pk signup [--token T] [--publish]`.
+pub async fn signup(ctx: &Context, token: Option<&str>, publish: bool) -> Result<(), CliError> {
     let client = ctx.signing_client()?;
     let status = client.signup_status(token).await?;
     let result = &status.result;
-    // The record naming this homeserver, for it to keep on the DHT (`pk publish` also
-    // publishes it directly). A server without the endpoint is not an error.
-    let record = hand_over_record(ctx, &client).await;
+    // With --publish: the record naming this homeserver, for it to keep on the DHT
+    // (`pk publish` also publishes it directly). A server without the endpoint is not
+    // an error. Without: a second homeserver does not take over the user's record.
+    let record = if publish {
+        Some(hand_over_record(ctx, &client).await)
+    } else {
+        None
+    };
     if ctx.json {
         return print_json(&json!({
             "public_key": result.public_key,
             "created_at": result.created_at,
             "created": status.created,
-            "record_stored": record.as_ref().ok(),
+            "record_stored": record.as_ref().and_then(|r| r.as_ref().ok()),
         }));
     }
-    if let Err(e) = &record {
-        eprintln!("note: the homeserver did not take your pkarr record ({e}); see `pk publish`");
+    match &record {
+        Some(Err(e)) => {
+            eprintln!(
+                "note: the homeserver did not take your pkarr record ({e}); see `pk publish`"
+            );
+        }
+        None if status.created => eprintln!(
+            "note: to be found by your key on the network, make this homeserver your home \
+             with `pk publish` (or sign up with --publish)"
+        ),
+        _ => {}
     }
     let server = client.base_url().as_str().trim_end_matches('/').to_owned();
     if status.created {

@@ -12,9 +12,9 @@ use super::auth::{self, SignedTarget};
 use crate::persistence::{MetadataStore, MetadataWrites};
 use crate::pkarr_publish;
 
-/// The largest record pkarr carries (BEP 44: 1000 bytes of DNS packet, plus signature
-/// and timestamp).
-pub const MAX_PACKET_BYTES: usize = 1104;
+/// The largest record pkarr carries as a relay payload: a 64-byte signature, an 8-byte
+/// timestamp and at most 1000 bytes of DNS packet (BEP 44's limit on a value).
+pub const MAX_PACKET_BYTES: usize = 64 + 8 + 1000;
 
 #[derive(Clone)]
 pub struct IdentityService {
@@ -76,7 +76,7 @@ impl IdentityService {
             .await?;
         if stored {
             // On the DHT soon, not at the next interval.
-            self.publisher.wake();
+            self.publisher.handed_in(user, body.to_vec());
         }
         Ok(stored)
     }

@@ -549,11 +549,13 @@ pub struct MigrateSummary {
     pub events: u64,
     pub signup_tokens: u64,
     pub sessions: u64,
+    /// Users' pkarr records (what the server republishes for them).
+    pub pkarr_records: u64,
 }
 
 /// Copies everything from `from` to `to`: users, values (blob keys kept), entries with
 /// their timestamps, the event log with its cursors (so feed readers continue where
-/// they were), signup tokens and sessions. Rows are upserts and a value already on the
+/// they were), signup tokens, sessions and users' pkarr records. Rows are upserts and a value already on the
 /// target (same key and size) is not sent again, so an interrupted run just runs
 /// again. Run it with the servers stopped (on local stores the locks make sure).
 pub async fn migrate(
@@ -629,7 +631,31 @@ pub async fn migrate(
         to.metadata.copy_sessions(&sessions).await?;
         summary.sessions += sessions.len() as u64;
     }
+    progress.message("pkarr records");
+    let mut after = String::new();
+    loop {
+        let records = from.metadata.pkarr_packets_after(&after, PAGE).await?;
+        let Some(last) = records.last() else { break };
+        after = last.0.clone();
+        for (user, payload) in &records {
+            let timestamp = pkarr_timestamp(user, payload)?;
+            to.metadata
+                .put_pkarr_packet(user, timestamp, payload)
+                .await?;
+            summary.pkarr_records += 1;
+        }
+    }
     Ok(summary)
+}
+
+/// The timestamp a stored record was signed with (what orders two records).
+fn pkarr_timestamp(user: &str, payload: &[u8]) -> Result<i64, ServiceError> {
+    let key = user
+        .parse::<pkarr::PublicKey>()
+        .map_err(|e| ServiceError::Internal(format!("pkarr record of {user}: {e}")))?;
+    let packet = crate::pkarr_publish::user_packet(&key, payload)
+        .map_err(|e| ServiceError::Internal(format!("pkarr record of {user}: {e}")))?;
+    Ok(i64::try_from(packet.timestamp().as_u64()).unwrap_or(i64::MAX))
 }
 
 /// What [`verify_copy`] compared.
@@ -639,6 +665,7 @@ pub struct VerifySummary {
     pub entries: u64,
     pub bytes: u64,
     pub latest_cursor: u64,
+    pub pkarr_records: u64,
 }
 
 /// Checks that `to` holds what `from` does, after [`migrate`]: every user with the same
@@ -695,6 +722,27 @@ pub async fn verify_copy(from: &Stores, to: &Stores) -> Result<VerifySummary, Se
         )));
     }
     summary.latest_cursor = cursor;
+    // The same pkarr records, page by page in key order.
+    let mut after = String::new();
+    loop {
+        let records = from.metadata.pkarr_packets_after(&after, PAGE).await?;
+        let copies = to.metadata.pkarr_packets_after(&after, PAGE).await?;
+        if records != copies {
+            let user = records
+                .iter()
+                .zip(
+                    copies
+                        .iter()
+                        .chain(std::iter::repeat(&(String::new(), Vec::new()))),
+                )
+                .find(|(a, b)| a != b)
+                .map_or_else(|| after.clone(), |(a, _)| a.0.clone());
+            return Err(differ(format!("the pkarr record of {user}")));
+        }
+        let Some(last) = records.last() else { break };
+        after = last.0.clone();
+        summary.pkarr_records += records.len() as u64;
+    }
     Ok(summary)
 }
 

@@ -336,6 +336,17 @@ async fn migrate_copies_a_deployment_and_resumes_after_a_kill() {
         }
         assert_eq!(source.delete(key, "/pub/v/0").await.status(), 200);
     }
+    // A user's pkarr record, which the server republishes: it moves with the user.
+    let server_key = source.server().context().server_key.public_key();
+    let record = pk_client::pkarr::Resolver::user_record(&users[0], &server_key).unwrap();
+    let record_payload = record.to_relay_payload().to_vec();
+    assert!(
+        pk_client::PkClient::new(&source.url, Some(users[0].clone()))
+            .unwrap()
+            .store_record(&record)
+            .await
+            .unwrap()
+    );
     let admin = source.server().admin_addr().unwrap();
     source
         .http
@@ -424,6 +435,7 @@ async fn migrate_copies_a_deployment_and_resumes_after_a_kill() {
     let said = String::from_utf8_lossy(&out.stderr).into_owned();
     assert!(out.status.success(), "{said}");
     assert!(said.contains("verified"), "{said}");
+    assert!(said.contains("1 pkarr records match"), "{said}");
     let already: u64 = said
         .split("; ")
         .nth(1)
@@ -449,6 +461,18 @@ async fn migrate_copies_a_deployment_and_resumes_after_a_kill() {
     )
     .await;
     assert_eq!(feed_after.events, feed_before.events, "the same event log");
+    let records = target
+        .server()
+        .context()
+        .metadata
+        .pkarr_packets_after("", 10)
+        .await
+        .unwrap();
+    assert_eq!(
+        records,
+        vec![(users[0].public_key().to_z32(), record_payload)],
+        "the pkarr record moved"
+    );
     // New writes continue above the copied cursors.
     assert_eq!(target.put(&users[0], "/pub/new", b"n").await.status(), 200);
     let next: EventPage = expect_ok_json(
