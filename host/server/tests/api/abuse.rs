@@ -296,7 +296,7 @@ async fn forged_signatures_cannot_lock_a_user_out() {
 
 #[tokio::test]
 async fn a_session_has_its_own_bucket() {
-    let host = TestHost::start_with(|c| {
+    let host = TestHost::start_single_with(|c| {
         c.rate_limit.enabled = true;
         c.rate_limit.anonymous_per_minute = 100;
         c.rate_limit.authenticated_per_minute = 5;
@@ -378,7 +378,7 @@ fn files_under(dir: &std::path::Path) -> Vec<std::path::PathBuf> {
 
 #[tokio::test]
 async fn forged_uploads_are_never_written_to_disk() {
-    let host = TestHost::start().await;
+    let host = TestHost::start_single_with(|_| {}).await;
     let alice = host.user().await;
     let blobs = host.dir.path().join("blobs");
     let body = vec![b'f'; 2 << 20];
@@ -420,7 +420,7 @@ async fn forged_uploads_are_never_written_to_disk() {
 
 #[tokio::test]
 async fn memory_for_unproven_uploads_is_bounded() {
-    let host = TestHost::start_with(|c| c.http.unproven_upload_memory_bytes = 100_000).await;
+    let host = TestHost::start_single_with(|c| c.http.unproven_upload_memory_bytes = 100_000).await;
     let alice = host.user().await;
     let holding = vec![b'h'; 90_000];
     let first = host
@@ -610,7 +610,7 @@ async fn busy_connections_of_one_address_cannot_fill_the_server() {
 
 #[tokio::test]
 async fn event_streams_per_address_are_capped() {
-    let host = TestHost::start_with(|c| c.http.max_streams_per_ip = 3).await;
+    let host = TestHost::start_single_with(|c| c.http.max_streams_per_ip = 3).await;
     let alice = host.user().await;
     let client = reqwest::Client::builder().timeout(WAIT).build().unwrap();
     let url = format!(

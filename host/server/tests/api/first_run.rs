@@ -45,7 +45,7 @@ async fn safe_default_mode_starts_and_answers_503_until_fixed() {
     let dir = tempfile::tempdir().unwrap();
     let mut config = broken_policy_config(dir.path());
     config.policies.on_start_error = PolicyStartMode::SafeDefault;
-    let host = TestHost::start_in(dir, config).await;
+    let host = TestHost::start_single_in(dir, config).await;
 
     // Signup is not decided by the policy; reads and writes of one's own data are.
     let alice = host.user().await;

@@ -1,5 +1,11 @@
 //! `TestHost`: a real homeserver in this process on a random port with a throwaway data
 //! dir, plus helpers that sign requests exactly as DESIGN.md says.
+//!
+//! `HS_TEST_INSTANCES=2` (with `HS_TEST_BACKEND=postgres`) runs every host as two
+//! instances on the one database and blob store behind a round-robin balancer, and the
+//! suite's client opens a connection per request: a test's consecutive requests land
+//! on different instances. Tests that look at one instance's own state (its metrics,
+//! its in-memory rate limits) ask for [`TestHost::start_single_with`].
 
 use std::time::{SystemTime, UNIX_EPOCH};
 
@@ -10,6 +16,9 @@ use tempfile::TempDir;
 
 pub struct TestHost {
     server: Option<Homeserver>,
+    /// The second instance (`HS_TEST_INSTANCES=2`).
+    second: Option<Homeserver>,
+    _balancer: Option<crate::balancer::Balancer>,
     pub url: String,
     pub http: reqwest::Client,
     pub dir: TempDir,
@@ -57,6 +66,22 @@ pub fn test_config(dir: &std::path::Path) -> Config {
 
 pub const ADMIN_PASSWORD: &str = "test-admin-password";
 
+/// Instances per test host: `HS_TEST_INSTANCES` (1 by default; 2 needs a backend several
+/// instances can share).
+pub fn instances() -> usize {
+    match std::env::var("HS_TEST_INSTANCES").as_deref() {
+        Err(_) | Ok("") | Ok("1") => 1,
+        Ok("2") => {
+            assert!(
+                crate::backend::Backend::current().shared(),
+                "HS_TEST_INSTANCES=2 needs HS_TEST_BACKEND=postgres (two instances cannot share SQLite)"
+            );
+            2
+        }
+        Ok(other) => panic!("HS_TEST_INSTANCES={other}: expected 1 or 2"),
+    }
+}
+
 /// Compiled guests shared by every test server (entries are named by module and engine
 /// hash and written by rename, so sharing is safe): each server then starts in
 /// milliseconds instead of compiling three guests.
@@ -77,16 +102,71 @@ impl TestHost {
     }
 
     pub async fn start_in(dir: TempDir, config: Config) -> Self {
+        Self::start_instances(dir, config, instances()).await
+    }
+
+    /// One instance, whatever `HS_TEST_INSTANCES` says: for tests of one instance's own
+    /// state (its metrics, its in-memory rate limiters, its process).
+    pub async fn start_single_with(adjust: impl FnOnce(&mut Config)) -> Self {
+        let dir = tempfile::tempdir().unwrap();
+        let mut config = test_config(dir.path());
+        adjust(&mut config);
+        Self::start_single_in(dir, config).await
+    }
+
+    pub async fn start_single_in(dir: TempDir, config: Config) -> Self {
+        Self::start_instances(dir, config, 1).await
+    }
+
+    async fn start_instances(dir: TempDir, config: Config, instances: usize) -> Self {
+        // A test that chose SQLite itself gets one instance: SQLite has one writer.
+        let instances = if matches!(
+            config.storage.database_url,
+            homeserver::persistence::DatabaseUrl::Sqlite(_)
+        ) {
+            1
+        } else {
+            instances
+        };
         let database = DatabaseGuard(Some(dir.path().to_owned()));
+        let second_config = (instances > 1).then(|| config.clone());
         let server = Homeserver::start(config).await.expect("server starts");
-        let url = format!("http://{}", server.http_addr());
+        let Some(config) = second_config else {
+            let url = format!("http://{}", server.http_addr());
+            return Self {
+                server: Some(server),
+                second: None,
+                _balancer: None,
+                url,
+                http: reqwest::Client::new(),
+                dir,
+                database,
+            };
+        };
+        // The second instance: the same stores and key, ports of its own.
+        let second = Homeserver::start(config)
+            .await
+            .expect("second instance starts");
+        let balancer =
+            crate::balancer::Balancer::start(vec![server.http_addr(), second.http_addr()]).await;
         Self {
             server: Some(server),
-            url,
-            http: reqwest::Client::new(),
+            second: Some(second),
+            url: format!("http://{}", balancer.addr),
+            _balancer: Some(balancer),
+            // A connection per request: the balancer alternates requests.
+            http: reqwest::Client::builder()
+                .pool_max_idle_per_host(0)
+                .build()
+                .unwrap(),
             dir,
             database,
         }
+    }
+
+    /// Every instance serving this host.
+    pub fn instances(&self) -> Vec<&Homeserver> {
+        self.server.iter().chain(self.second.iter()).collect()
     }
 
     pub fn server(&self) -> &Homeserver {
@@ -95,6 +175,9 @@ impl TestHost {
 
     /// Stops the server and hands back its data dir, to restart on the same data.
     pub async fn stop(mut self) -> TempDir {
+        if let Some(server) = self.second.take() {
+            server.shutdown().await;
+        }
         if let Some(server) = self.server.take() {
             server.shutdown().await;
         }

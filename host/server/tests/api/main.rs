@@ -3,6 +3,7 @@
 #![allow(clippy::unwrap_used)]
 
 mod backend;
+mod balancer;
 mod fixture;
 mod process;
 mod tcp_proxy;

@@ -470,7 +470,8 @@ async fn two_signups_racing_for_one_token_one_wins() {
 async fn signup_token_check_has_its_own_limit() {
     // Even with the general limits off, 10 checks a minute per IP.
     let host =
-        TestHost::start_with(|c| c.signup.mode = homeserver::config::SignupMode::Token).await;
+        TestHost::start_single_with(|c| c.signup.mode = homeserver::config::SignupMode::Token)
+            .await;
     for _ in 0..10 {
         let r = host
             .request(Method::GET, "/signup_tokens/AAAA-BBBB-CCCC")
@@ -490,7 +491,7 @@ async fn signup_token_check_has_its_own_limit() {
 
 #[tokio::test]
 async fn rate_limits_headers_429_and_recovery() {
-    let host = TestHost::start_with(|c| {
+    let host = TestHost::start_single_with(|c| {
         c.rate_limit.enabled = true;
         c.rate_limit.anonymous_per_minute = 120; // burst 120, one more every 0.5 s
         c.rate_limit.authenticated_per_minute = 5;
@@ -557,7 +558,7 @@ async fn rate_limits_headers_429_and_recovery() {
 
 #[tokio::test]
 async fn bad_credentials_count_against_the_ip() {
-    let host = TestHost::start_with(|c| {
+    let host = TestHost::start_single_with(|c| {
         c.rate_limit.enabled = true;
         c.rate_limit.anonymous_per_minute = 3;
     })
@@ -591,7 +592,7 @@ async fn bad_credentials_count_against_the_ip() {
 
 #[tokio::test]
 async fn metrics_series() {
-    let host = TestHost::start().await;
+    let host = TestHost::start_single_with(|_| {}).await;
     let alice = host.user().await;
     host.put(&alice, "/pub/m", &[1; 77]).await;
     host.get(&alice, "/pub/missing").await;
@@ -728,7 +729,7 @@ async fn slow_clients_are_cut_off_and_do_not_block_others() {
 
 #[tokio::test]
 async fn random_credentials_do_not_escape_the_ip_limit() {
-    let host = TestHost::start_with(|c| {
+    let host = TestHost::start_single_with(|c| {
         c.rate_limit.enabled = true;
         c.rate_limit.anonymous_per_minute = 5;
     })

@@ -63,7 +63,7 @@ async fn keys_find_the_server_and_users_records_outlive_the_dht() {
         with_dht(&dht.bootstrap)(&mut c);
         c
     };
-    let host = TestHost::start_in(dir, config.clone()).await;
+    let host = TestHost::start_single_in(dir, config.clone()).await;
     let server = host.server().context().server_key.public_key();
     let tls = host.server().tls_addr().unwrap();
     eventually("the server's record is published", WAIT, || async {
@@ -124,7 +124,7 @@ async fn keys_find_the_server_and_users_records_outlive_the_dht() {
     );
     let mut config = config;
     config.pkarr.bootstrap = fresh.bootstrap.clone();
-    let host = TestHost::start_in(dir, config).await;
+    let host = TestHost::start_single_in(dir, config).await;
     eventually("the stored record is republished", WAIT, || async {
         resolver.homeserver_of(&alice_pk).await.ok() == Some(server)
     })

@@ -976,3 +976,45 @@ async fn event_order_holds_with_writers_on_both_instances() {
         );
     }
 }
+
+/// `HS_TEST_INSTANCES=2` really spreads a test's requests over both instances (else the
+/// two-instance run of the suite would prove nothing).
+#[tokio::test]
+async fn the_suite_in_two_instance_mode_uses_both() {
+    let host = TestHost::start().await;
+    let alice = host.user().await;
+    for i in 0..10 {
+        assert_eq!(
+            host.put(&alice, &format!("/pub/{i}"), b"v").await.status(),
+            200
+        );
+    }
+    let mut served = Vec::new();
+    for server in host.instances() {
+        let addr = server.metrics_addr().unwrap();
+        let text = host
+            .http
+            .get(format!("http://{addr}/metrics"))
+            .send()
+            .await
+            .unwrap()
+            .text()
+            .await
+            .unwrap();
+        let puts: f64 = text
+            .lines()
+            .find_map(|l| {
+                l.strip_prefix("hs_requests_total{method=\"PUT\",status=\"200\"} ")?
+                    .parse()
+                    .ok()
+            })
+            .unwrap_or(0.0);
+        served.push(puts);
+    }
+    assert_eq!(served.len(), crate::fixture::instances(), "{served:?}");
+    assert_eq!(served.iter().sum::<f64>(), 10.0, "{served:?}");
+    assert!(
+        served.iter().all(|&n| n > 0.0),
+        "every instance served PUTs: {served:?}"
+    );
+}

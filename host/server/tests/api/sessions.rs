@@ -459,7 +459,7 @@ async fn account_deletion_revokes_sessions_and_metrics_count_them() {
 /// no restart; a broken module keeps the old one and reports why.
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn hot_swap_policy_in_a_running_server() {
-    let host = std::sync::Arc::new(TestHost::start().await);
+    let host = std::sync::Arc::new(TestHost::start_single_with(|_| {}).await);
     let alice = host.user().await;
     host.put(&alice, "/pub/x", b"x").await;
     let admin = host.server().admin_addr().unwrap();
