@@ -1,6 +1,7 @@
 //! Finding homeservers on the mainline DHT (pkarr), given only keys:
 //! - a homeserver publishes a record at its own key: an HTTPS record at its apex with
-//!   the port of its raw-public-key TLS listener, and its address (A/AAAA);
+//!   the port of its raw-public-key TLS listener, and its address (A/AAAA); and, when it
+//!   has one, a second HTTPS record naming its ordinary https URL (a domain);
 //! - a user publishes a `_pubky` HTTPS record at their key whose target is their
 //!   homeserver's key.
 //!
@@ -96,19 +97,62 @@ impl Resolver {
     /// The `https://address:port` where the homeserver `server` serves raw-public-key TLS,
     /// from its own record.
     pub async fn endpoint_of(&self, server: &PublicKey) -> Result<url::Url, ClientError> {
-        let endpoint = self
-            .client
-            .resolve_https_endpoint(&server.to_z32())
-            .await
-            .map_err(|_| {
-                resolve_error(format!("no record for the homeserver {server} on the DHT"))
+        let endpoints = self.endpoints(server).await?;
+        let address = endpoints
+            .iter()
+            .filter(|e| e.domain().is_none())
+            .find_map(|e| e.to_socket_addrs().into_iter().next())
+            .ok_or_else(|| {
+                let hint = match self.public_url_in(&endpoints) {
+                    Some(url) => format!(" (it names an ordinary URL: use --homeserver {url})"),
+                    None => String::new(),
+                };
+                resolve_error(format!(
+                    "the record of {server} names no raw-public-key TLS endpoint{hint}"
+                ))
             })?;
-        let address = endpoint
-            .to_socket_addrs()
-            .into_iter()
-            .next()
-            .ok_or_else(|| resolve_error(format!("the record of {server} names no address")))?;
         url::Url::parse(&format!("https://{address}")).map_err(resolve_error)
+    }
+
+    /// The ordinary `https://` URL (a domain, CA-signed TLS) the homeserver `server`
+    /// names in its record, if it names one.
+    pub async fn public_url_of(&self, server: &PublicKey) -> Result<Option<url::Url>, ClientError> {
+        Ok(self.public_url_in(&self.endpoints(server).await?))
+    }
+
+    fn public_url_in(&self, endpoints: &[pkarr::extra::endpoints::Endpoint]) -> Option<url::Url> {
+        endpoints.iter().find_map(|e| {
+            let domain = e.domain()?;
+            let url = match e.port() {
+                Some(443) | None => format!("https://{domain}"),
+                Some(port) => format!("https://{domain}:{port}"),
+            };
+            url::Url::parse(&url).ok()
+        })
+    }
+
+    /// The HTTPS endpoints of `server`'s own record, lowest priority first.
+    async fn endpoints(
+        &self,
+        server: &PublicKey,
+    ) -> Result<Vec<pkarr::extra::endpoints::Endpoint>, ClientError> {
+        use futures_util::StreamExt;
+        let z32 = server.to_z32();
+        let endpoints: Vec<_> = self
+            .client
+            .resolve_https_endpoints(&z32)
+            .collect::<Vec<_>>()
+            .await
+            .into_iter()
+            // Only the server's own record, not one its targets lead to.
+            .filter(|e| e.public_key().to_z32() == z32)
+            .collect();
+        if endpoints.is_empty() {
+            return Err(resolve_error(format!(
+                "no record for the homeserver {server} on the DHT"
+            )));
+        }
+        Ok(endpoints)
     }
 
     /// A record for `user` naming `homeserver`, signed with the user's key.

@@ -90,6 +90,8 @@ pub struct PkarrConfig {
     pub host: String,
     /// Milliseconds one DHT request may take.
     pub request_timeout_ms: u64,
+    /// The server's ordinary `https://` URL, published as a second endpoint; empty = none.
+    pub public_url: String,
 }
 
 #[derive(Debug, Clone, Serialize, Deserialize)]
@@ -441,6 +443,9 @@ impl Config {
                 name("pkarr.host"),
                 self.pkarr.host
             ));
+        }
+        if let Err(e) = crate::pkarr_publish::public_endpoint(&self.pkarr.public_url) {
+            problems.push(format!("{}: {e}", name("pkarr.public_url")));
         }
         if problems.is_empty() {
             Ok(())

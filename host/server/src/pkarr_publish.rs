@@ -1,6 +1,7 @@
 //! The server's place on the mainline DHT (pkarr): it publishes its own record (an
 //! HTTPS record at its apex naming the raw-public-key TLS endpoint, with the address as
-//! A/AAAA, signed with the server's key), and republishes the records its users gave it
+//! A/AAAA, and a second HTTPS record naming its ordinary URL when `pkarr.public_url` is
+//! set; signed with the server's key), and republishes the records its users gave it
 //! (`PUT /pkarr`: their `_pubky` record naming this server, signed with their own keys),
 //! so a user's record stays findable while the user's devices are offline.
 //!
@@ -38,6 +39,8 @@ pub struct PkarrStatus {
     pub enabled: bool,
     /// The server's record: what it points at (None: nothing to publish, see `note`).
     pub server_endpoint: Option<String>,
+    /// The ordinary URL the record names too (`pkarr.public_url`).
+    pub public_url: Option<String>,
     pub note: Option<String>,
     /// Unix seconds of the last round in which every publication worked.
     pub last_success_at: Option<i64>,
@@ -136,26 +139,84 @@ pub fn published_address(config: &PkarrConfig, tls: SocketAddr) -> Result<Socket
     Ok(tls)
 }
 
+/// The domain and port of `pkarr.public_url` (None when empty): an `https://` URL
+/// whose host is a domain name (an HTTPS record's target is a name).
+pub fn public_endpoint(url: &str) -> Result<Option<(String, u16)>, String> {
+    if url.trim().is_empty() {
+        return Ok(None);
+    }
+    let parsed = url::Url::parse(url.trim()).map_err(|e| format!("`{url}` is not a URL: {e}"))?;
+    if parsed.scheme() != "https" {
+        return Err(format!("`{url}` must be an https:// URL"));
+    }
+    if parsed.path() != "/" || parsed.query().is_some() {
+        return Err(format!(
+            "`{url}`: only scheme, host and port (the API is at the root)"
+        ));
+    }
+    match parsed.host() {
+        Some(url::Host::Domain(domain)) => Ok(Some((
+            domain.trim_end_matches('.').to_owned(),
+            parsed.port_or_known_default().unwrap_or(443),
+        ))),
+        _ => Err(format!(
+            "`{url}`: the host must be a domain name, not an address"
+        )),
+    }
+}
+
+/// What the server's own record names: the raw-public-key TLS endpoint and the
+/// ordinary URL (either may be absent; with neither there is no record to publish).
+#[derive(Debug, Clone, Default)]
+pub struct ServerRecord {
+    pub endpoint: Option<SocketAddr>,
+    pub public: Option<(String, u16)>,
+}
+
+impl ServerRecord {
+    fn is_empty(&self) -> bool {
+        self.endpoint.is_none() && self.public.is_none()
+    }
+}
+
+/// Priority of the raw-public-key endpoint in the server's record (clients that speak
+/// it take it first); the ordinary URL comes after.
+const TLS_PRIORITY: u16 = 1;
+const PUBLIC_URL_PRIORITY: u16 = 2;
+
 /// The server's record: an HTTPS record at its apex pointing at itself (`.`) on the TLS
-/// port, and the address as A or AAAA.
-pub fn server_packet(key: &Keypair, endpoint: SocketAddr) -> Result<SignedPacket, String> {
-    let mut svcb = SVCB::new(1, Name::new_unchecked("."));
-    svcb.set_param(SVCParam::Port(endpoint.port()));
-    let mut builder = SignedPacket::builder().https(Name::new_unchecked("."), svcb, RECORD_TTL);
-    builder = match endpoint.ip() {
-        IpAddr::V4(ip) => builder.record(ResourceRecord::new(
-            Name::new_unchecked("."),
-            pkarr::dns::CLASS::IN,
-            RECORD_TTL,
-            RData::A(A::from(ip)),
-        )),
-        IpAddr::V6(ip) => builder.record(ResourceRecord::new(
-            Name::new_unchecked("."),
-            pkarr::dns::CLASS::IN,
-            RECORD_TTL,
-            RData::AAAA(AAAA::from(ip)),
-        )),
-    };
+/// port with the address as A or AAAA, and one naming `public` (domain, port).
+pub fn server_packet(
+    key: &Keypair,
+    endpoint: Option<SocketAddr>,
+    public: Option<&(String, u16)>,
+) -> Result<SignedPacket, String> {
+    let mut builder = SignedPacket::builder();
+    if let Some(endpoint) = endpoint {
+        let mut svcb = SVCB::new(TLS_PRIORITY, Name::new_unchecked("."));
+        svcb.set_param(SVCParam::Port(endpoint.port()));
+        builder = builder.https(Name::new_unchecked("."), svcb, RECORD_TTL);
+        builder = match endpoint.ip() {
+            IpAddr::V4(ip) => builder.record(ResourceRecord::new(
+                Name::new_unchecked("."),
+                pkarr::dns::CLASS::IN,
+                RECORD_TTL,
+                RData::A(A::from(ip)),
+            )),
+            IpAddr::V6(ip) => builder.record(ResourceRecord::new(
+                Name::new_unchecked("."),
+                pkarr::dns::CLASS::IN,
+                RECORD_TTL,
+                RData::AAAA(AAAA::from(ip)),
+            )),
+        };
+    }
+    if let Some((domain, port)) = public {
+        let target = Name::new(domain).map_err(|e| format!("pkarr.public_url: {e}"))?;
+        let mut svcb = SVCB::new(PUBLIC_URL_PRIORITY, target);
+        svcb.set_param(SVCParam::Port(*port));
+        builder = builder.https(Name::new_unchecked("."), svcb, RECORD_TTL);
+    }
     builder.sign(key).map_err(|e| e.to_string())
 }
 
@@ -171,7 +232,7 @@ pub fn user_packet(user: &pkarr::PublicKey, payload: &[u8]) -> Result<SignedPack
 pub async fn run(
     client: Client,
     key: Keypair,
-    endpoint: Option<SocketAddr>,
+    record: ServerRecord,
     metadata: Arc<dyn MetadataStore>,
     board: Arc<PkarrBoard>,
     interval: Duration,
@@ -182,7 +243,7 @@ pub async fn run(
         // A round can take long (many users, a slow DHT): a stop does not wait for it.
         let ok = tokio::select! {
             _ = stop.cancelled() => return,
-            ok = round(&client, &key, endpoint, metadata.as_ref(), &board) => ok,
+            ok = round(&client, &key, &record, metadata.as_ref(), &board) => ok,
         };
         let mut pause = if ok {
             retry = FIRST_RETRY;
@@ -266,15 +327,15 @@ async fn publish_users(
 async fn round(
     client: &Client,
     key: &Keypair,
-    endpoint: Option<SocketAddr>,
+    record: &ServerRecord,
     metadata: &dyn MetadataStore,
     board: &PkarrBoard,
 ) -> bool {
     let now = crate::service::now_secs();
     let mut first_error: Option<String> = None;
-    if let Some(endpoint) = endpoint {
+    if !record.is_empty() {
         // Signed anew each round: a newer timestamp than what the DHT holds.
-        match server_packet(key, endpoint) {
+        match server_packet(key, record.endpoint, record.public.as_ref()) {
             Ok(packet) => {
                 if let Err(e) = client.publish(&packet).await {
                     first_error.get_or_insert(format!("server record: {e}"));
@@ -343,10 +404,16 @@ pub fn start(
     if !config.enabled {
         return;
     }
+    // Checked by the config's validation already.
+    let public = public_endpoint(&config.public_url).ok().flatten();
     let (endpoint, note) = match tls {
+        None if public.is_some() => (
+            None,
+            Some("no [tls] listen: the server's record names its public_url only".to_owned()),
+        ),
         None => (
             None,
-            Some("no [tls] listen: the server has no record to publish (users' records are republished)".to_owned()),
+            Some("no [tls] listen and no public_url: the server has no record to publish (users' records are republished)".to_owned()),
         ),
         Some(tls) => match published_address(config, tls) {
             Ok(endpoint) => (Some(endpoint), None),
@@ -356,6 +423,9 @@ pub fn start(
     board.update(|s| {
         s.enabled = true;
         s.server_endpoint = endpoint.map(|e| e.to_string());
+        s.public_url = public
+            .as_ref()
+            .map(|(domain, port)| format!("https://{domain}:{port}"));
         s.note = note.clone();
     });
     if let Some(note) = &note {
@@ -373,12 +443,13 @@ pub fn start(
     tracing::info!(
         server = %key.public_key(),
         endpoint = ?endpoint,
+        public = ?public,
         "pkarr: publishing on the mainline DHT"
     );
     tasks.spawn(run(
         client,
         key,
-        endpoint,
+        ServerRecord { endpoint, public },
         metadata,
         board.clone(),
         Duration::from_secs(config.republish_interval_secs),
@@ -393,18 +464,45 @@ mod tests {
     #[test]
     fn the_server_record_names_the_tls_port_and_address() {
         let key = Keypair::random();
-        let packet = server_packet(&key, "127.0.0.1:6287".parse().unwrap()).unwrap();
+        let public = ("hs.example.org".to_owned(), 8443);
+        let packet =
+            server_packet(&key, Some("127.0.0.1:6287".parse().unwrap()), Some(&public)).unwrap();
         let https: Vec<_> = packet
             .resource_records(".")
             .filter(|r| matches!(r.rdata, RData::HTTPS(_)))
             .collect();
-        assert_eq!(https.len(), 1);
+        assert_eq!(https.len(), 2, "the TLS endpoint and the public URL");
+        assert!(https.iter().any(|r| matches!(&r.rdata, RData::HTTPS(h)
+            if h.0.priority == TLS_PRIORITY && matches!(h.0.target.to_string().as_str(), "" | "."))));
+        assert!(https.iter().any(|r| matches!(&r.rdata, RData::HTTPS(h)
+            if h.0.priority == PUBLIC_URL_PRIORITY && h.0.target.to_string() == "hs.example.org")));
         assert!(
             packet
                 .resource_records(".")
                 .any(|r| matches!(&r.rdata, RData::A(a) if IpAddr::V4(a.address.into()) == "127.0.0.1".parse::<IpAddr>().unwrap()))
         );
         assert_eq!(packet.public_key(), key.public_key());
+    }
+
+    #[test]
+    fn public_urls() {
+        assert_eq!(public_endpoint("").unwrap(), None);
+        assert_eq!(
+            public_endpoint("https://hs.example.org").unwrap(),
+            Some(("hs.example.org".to_owned(), 443))
+        );
+        assert_eq!(
+            public_endpoint("https://hs.example.org:8443/").unwrap(),
+            Some(("hs.example.org".to_owned(), 8443))
+        );
+        for bad in [
+            "http://hs.example.org",
+            "https://203.0.113.7",
+            "https://x.org/api",
+            "nope",
+        ] {
+            assert!(public_endpoint(bad).is_err(), "{bad}");
+        }
     }
 
     #[test]
@@ -416,6 +514,7 @@ mod tests {
             republish_interval_secs: 3600,
             host: host.into(),
             request_timeout_ms: 1000,
+            public_url: String::new(),
         };
         let tls: SocketAddr = "0.0.0.0:6287".parse().unwrap();
         assert!(published_address(&config(""), tls).is_err());
@@ -430,7 +529,7 @@ mod tests {
     #[test]
     fn a_user_packet_must_be_signed_by_that_user() {
         let (alice, mallory) = (Keypair::random(), Keypair::random());
-        let packet = server_packet(&alice, "127.0.0.1:1".parse().unwrap()).unwrap();
+        let packet = server_packet(&alice, Some("127.0.0.1:1".parse().unwrap()), None).unwrap();
         let payload = packet.to_relay_payload();
         assert!(user_packet(&alice.public_key(), &payload).is_ok());
         assert!(user_packet(&mallory.public_key(), &payload).is_err());

@@ -80,12 +80,29 @@ impl Target {
         }
     }
 
+    /// The homeserver `server`: its raw-public-key TLS endpoint (TLS pinned to that
+    /// key), else the ordinary https URL its record names (CA-checked TLS; the server's
+    /// key is then checked with `GET /info`).
     async fn by_key(resolver: &Resolver, server: PublicKey) -> Result<Self, CliError> {
-        let url = resolver.endpoint_of(&server).await?;
-        Ok(Self {
-            url: url.to_string(),
-            pinned: Some(server),
-        })
+        match resolver.endpoint_of(&server).await {
+            Ok(url) => Ok(Self {
+                url: url.to_string(),
+                pinned: Some(server),
+            }),
+            Err(e) => match resolver.public_url_of(&server).await {
+                Ok(Some(url)) => {
+                    let info = PkClient::new(url.as_str(), None)?.server_info().await?;
+                    if info.public_key != server {
+                        return Err(CliError::Usage(format!(
+                            "{url} (named in the record of {server}) answers as {}",
+                            info.public_key
+                        )));
+                    }
+                    Ok(Self::url(url.as_str()))
+                }
+                _ => Err(e.into()),
+            },
+        }
     }
 }
 

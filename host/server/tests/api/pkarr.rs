@@ -61,6 +61,7 @@ async fn keys_find_the_server_and_users_records_outlive_the_dht() {
     let config = {
         let mut c = test_config(dir.path());
         with_dht(&dht.bootstrap)(&mut c);
+        c.pkarr.public_url = "https://hs.example.org:8443".into();
         c
     };
     let host = TestHost::start_single_in(dir, config.clone()).await;
@@ -75,6 +76,20 @@ async fn keys_find_the_server_and_users_records_outlive_the_dht() {
     let resolver = resolver(&dht);
     let url = resolver.endpoint_of(&server).await.unwrap();
     assert_eq!(url.as_str(), format!("https://{tls}/"));
+    // The ordinary URL is in the record too, for clients without raw-key TLS.
+    assert_eq!(
+        resolver
+            .public_url_of(&server)
+            .await
+            .unwrap()
+            .unwrap()
+            .as_str(),
+        "https://hs.example.org:8443/"
+    );
+    assert_eq!(
+        admin_pkarr(&host).await["public_url"],
+        "https://hs.example.org:8443"
+    );
     let alice_key = homeserver_protocol::Keypair::random();
     let alice = PkClient::for_server_key(server, Some(alice_key.clone()), &resolver)
         .await
