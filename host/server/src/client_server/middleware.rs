@@ -16,7 +16,6 @@ use super::error::ApiError;
 use super::extract::{credentials, declared_body, target_of};
 use crate::rate_limit::{Caller, Decision};
 use crate::service::auth::{Credentials, check_fresh};
-use crate::service::now_secs;
 
 /// The client's address as the rate limits see it (a trusted proxy's
 /// `X-Forwarded-For`, else the peer), for handlers with per-address limits of their own.
@@ -99,10 +98,11 @@ async fn caller(app: &AppState, request: &Parts, ip: IpAddr) -> Caller {
             } else {
                 declared_body(&request.headers).ok().flatten()
             };
-            let now = u64::try_from(now_secs()).unwrap_or(0);
             let target = target_of(&request.uri);
-            let proven = body
-                .is_some_and(|body| header.verify(method.as_str(), &target, &body, now).is_ok());
+            let proven = body.is_some_and(|body| {
+                crate::service::auth::verify_signature(&header, method.as_str(), &target, &body)
+                    .is_ok()
+            });
             let user = header.public_key.to_z32();
             if proven && app.known_user(&user).await {
                 return Caller::Key(user);
