@@ -16,7 +16,8 @@
 #   BENCH_CONNECTIONS [32]      connections for the 1 KiB scenarios
 #   BENCH_CONNECTIONS_1M [8]    connections for the 1 MiB scenarios
 #   BENCH_THREADS []            hs-load worker threads (empty: one per core)
-#   BENCH_SCENARIOS [put-1k get-1k public-get-1k put-1m get-1m public-get-1m]
+#   BENCH_SCENARIOS [put-1k get-1k public-get-1k session-get-1k put-1m get-1m public-get-1m]
+#                               (also: put-10m get-10m, at BENCH_CONNECTIONS_1M)
 #   BENCH_BASELINE_ONLY [0]     1: build and measure only the baseline
 #   BENCH_SERVER_LOG [warn]     RUST_LOG for the homeserver
 #   BENCH_KEEP_TMP [0]          1: keep the throwaway data dir (path printed)
@@ -24,7 +25,14 @@
 #   BENCH_BACKEND [sqlite]      postgres: PostgreSQL + S3 (moto), needs psql and moto
 #   BENCH_POSTGRES_URL [postgres://postgres@127.0.0.1:5432/test]  where a database is made
 #   BENCH_INSTANCES [1]         2: two instances on PostgreSQL + S3, load spread over both
+#   BENCH_WRK [auto]            1: also measure with wrk (an independent client; must be
+#                               installed), 0: don't; auto: when wrk is on the PATH. Rows
+#                               "wrk: ..." for the baseline and the 1 KiB scenarios
+#                               (public-get-1k, get-1k, put-1k with pre-signed PUTs).
 # put-1m writes a new 1 MiB value per request: expect a few GiB in the temp dir.
+# Two columns come from /proc: the server's CPU time per request (user + system over the
+# warm-up and the measured seconds, divided by the requests at the measured rate over
+# both) and its VmRSS when the row ends (the sum over instances).
 
 set -euo pipefail
 
@@ -42,30 +50,105 @@ BENCH_NAME=bench
 # shellcheck source=bench-common.sh
 source "$(dirname "${BASH_SOURCE[0]}")/bench-common.sh"
 
-# measure SERVER_LABEL PORT SCENARIO CONNECTIONS: runs hs-load, appends a table row.
+# cpu_ticks PID...: user + system clock ticks the processes used so far.
+cpu_ticks() {
+    local total=0 pid t
+    for pid in "$@"; do
+        t=$(awk '{print $14 + $15}' "/proc/$pid/stat" 2>/dev/null || echo 0)
+        total=$((total + t))
+    done
+    echo "$total"
+}
+
+# rss_mib PID...: their VmRSS summed, in MiB.
+rss_mib() {
+    local total=0 pid kb
+    for pid in "$@"; do
+        kb=$(awk '/^VmRSS:/ {print $2}' "/proc/$pid/status" 2>/dev/null || echo 0)
+        total=$((total + kb))
+    done
+    awk -v kb="$total" 'BEGIN { printf "%.1f", kb / 1024 }'
+}
+
+# measure SERVER_LABEL PORT SCENARIO CONNECTIONS PID...: runs hs-load against the
+# servers PID..., appends a table row.
 measure() {
     local label=$1 port=$2 scenario=$3 connections=$4 line
+    shift 4
+    local pids=("$@") before after
+    before=$(cpu_ticks "${pids[@]}")
     local args=(run --url "http://127.0.0.1:$port" --scenario "$scenario"
         --connections "$connections" --duration "$DURATION" --warmup "$WARMUP" "${ALSO[@]}")
     [[ -n $THREADS ]] && args+=(--threads "$THREADS")
     log "$label: $scenario, $connections connections, ${WARMUP}+${DURATION} s"
     if line=$("$LOAD" "${args[@]}"); then
+        after=$(cpu_ticks "${pids[@]}")
         log "  $line"
-        ROWS+=("$(awk -v server="$label" '{
+        ROWS+=("$(awk -v server="$label" -v ticks=$((after - before)) -v hz="$(getconf CLK_TCK)" \
+            -v secs=$((WARMUP + DURATION)) -v rss="$(rss_mib "${pids[@]}")" '{
             for (i = 1; i <= NF; i++) {
                 n = index($i, "="); k = substr($i, 1, n - 1); v = substr($i, n + 1)
                 sub(/ms$/, "", v); f[k] = v
             }
-            printf "| %s | %s | %s | %s | %s | %s | %s | %s | %s | %s |\n", server,
+            cpu = f["req/s"] > 0 ? ticks / hz / (f["req/s"] * secs) * 1e6 : 0
+            printf "| %s | %s | %s | %s | %s | %s | %s | %s | %s | %s | %.1f | %s |\n", server,
                 f["scenario"], f["connections"], f["requests"], f["errors"], f["req/s"],
-                f["p50"], f["p90"], f["p99"], f["max"]
+                f["p50"], f["p90"], f["p99"], f["max"], cpu, rss
         }' <<<"$line")")
     else
         log "  $scenario failed"
-        ROWS+=("| $label | $scenario | $connections | failed | | | | | | |")
+        ROWS+=("| $label | $scenario | $connections | failed | | | | | | | | |")
         FAILED=1
     fi
 }
+
+# measure_wrk LABEL PORT SCENARIO CONNECTIONS PID...: the same load from wrk (2 threads,
+# --latency), on a user `hs-load wrk-script` prepared; appends a table row.
+measure_wrk() {
+    local label=$1 port=$2 scenario=$3 connections=$4 out script=() before after
+    shift 4
+    local pids=("$@")
+    if [[ $scenario != static ]]; then
+        "$LOAD" wrk-script --url "http://127.0.0.1:$port" --scenario "$scenario" \
+            --requests 200000 --wrk-threads 2 >"$TMP/wrk-$scenario.lua"
+        script=(--script "$TMP/wrk-$scenario.lua")
+    fi
+    log "wrk: $label: $scenario, $connections connections, ${DURATION} s"
+    before=$(cpu_ticks "${pids[@]}")
+    out=$(wrk --threads 2 --connections "$connections" --duration "${DURATION}s" --latency \
+        "${script[@]}" "http://127.0.0.1:$port/" 2>&1) || true
+    after=$(cpu_ticks "${pids[@]}")
+    log "$(sed 's/^/  /' <<<"$out")"
+    ROWS+=("$(awk -v server="wrk: $label" -v scenario="$scenario" -v c="$connections" \
+        -v ticks=$((after - before)) -v hz="$(getconf CLK_TCK)" -v secs="$DURATION" \
+        -v rss="$(rss_mib "${pids[@]}")" '
+        function ms(v) {
+            if (v ~ /us$/) { sub(/us$/, "", v); return v / 1000 }
+            if (v ~ /ms$/) { sub(/ms$/, "", v); return v + 0 }
+            if (v ~ /s$/) { sub(/s$/, "", v); return v * 1000 }
+            return v
+        }
+        / 50% / { p50 = ms($2) } / 90% / { p90 = ms($2) } / 99% / { p99 = ms($2) }
+        /Latency/ && NF >= 4 && !max { max = ms($4) }
+        /requests in/ { requests = $1 }
+        /Non-2xx/ { errors += $NF }
+        /Socket errors/ { for (i = 3; i <= NF; i++) if ($i ~ /^[0-9]+,?$/) errors += $i }
+        /Requests\/sec/ { rps = $2 }
+        END {
+            cpu = rps > 0 ? ticks / hz / (rps * secs) * 1e6 : 0
+            printf "| %s | %s | %s | %s | %d | %s | %.3f | %.3f | %.3f | %.3f | %.1f | %s |\n",
+                server, scenario, c, requests, errors, rps, p50, p90, p99, max, cpu, rss
+        }' <<<"$out")")
+}
+
+WRK=${BENCH_WRK:-auto}
+if [[ $WRK == auto ]]; then
+    if command -v wrk >/dev/null; then WRK=1; else WRK=0; fi
+fi
+if [[ $WRK == 1 ]] && ! command -v wrk >/dev/null; then
+    log "BENCH_WRK=1 but wrk is not installed (Debian: apt install wrk)"
+    exit 2
+fi
 
 # ---- build ----
 packages=(-p hs-loadgen)
@@ -82,9 +165,10 @@ for body in 1024 1048576; do
     PIDS+=("$pid")
     wait_port "$pid" "$port" "$TMP/baseline.log"
     if [[ $body == 1024 ]]; then
-        measure "baseline (1 KiB body)" "$port" static "$CONNECTIONS"
+        measure "baseline (1 KiB body)" "$port" static "$CONNECTIONS" "$pid"
+        [[ $WRK == 1 ]] && measure_wrk "baseline (1 KiB body)" "$port" static "$CONNECTIONS" "$pid"
     else
-        measure "baseline (1 MiB body)" "$port" static "$CONNECTIONS_1M"
+        measure "baseline (1 MiB body)" "$port" static "$CONNECTIONS_1M" "$pid"
     fi
     stop "$pid"
 done
@@ -177,10 +261,10 @@ if [[ $BASELINE_ONLY != 1 ]]; then
     [[ $INSTANCES != 1 ]] && label+=", $INSTANCES instances"
     label+=")"
     for scenario in $SCENARIOS; do
-        if [[ $scenario == *-1m ]]; then
-            measure "$label" "$port" "$scenario" "$CONNECTIONS_1M"
+        if [[ $scenario == *-1m || $scenario == *-10m ]]; then
+            measure "$label" "$port" "$scenario" "$CONNECTIONS_1M" "${server_pids[@]}"
         else
-            measure "$label" "$port" "$scenario" "$CONNECTIONS"
+            measure "$label" "$port" "$scenario" "$CONNECTIONS" "${server_pids[@]}"
         fi
         for pid in "${server_pids[@]}"; do
             if ! kill -0 "$pid" 2>/dev/null; then
@@ -191,6 +275,12 @@ if [[ $BASELINE_ONLY != 1 ]]; then
             fi
         done
     done
+    if [[ $WRK == 1 && $INSTANCES == 1 ]]; then
+        for scenario in public-get-1k get-1k put-1k; do
+            [[ " $SCENARIOS " == *" $scenario "* ]] || continue
+            measure_wrk "$label" "$port" "$scenario" "$CONNECTIONS" "${server_pids[@]}"
+        done
+    fi
     for pid in "${server_pids[@]}"; do stop "$pid"; done
 fi
 
@@ -201,8 +291,8 @@ Machine: $(nproc) cores, ${cpu:-unknown CPU}, $(uname -sr); $(rustc -V)
 Load: hs-load on the same machine, ${WARMUP} s warm-up then ${DURATION} s measured per row; \
 threads: ${THREADS:-one per core}; latencies in ms. Date: $(date -u +%Y-%m-%dT%H:%MZ).
 
-| server | scenario | connections | requests | errors | req/s | p50 | p90 | p99 | max |
-|---|---|---:|---:|---:|---:|---:|---:|---:|---:|
+| server | scenario | connections | requests | errors | req/s | p50 | p90 | p99 | max | server CPU µs/req | server RSS MiB |
+|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|
 EOF
 printf '%s\n' "${ROWS[@]}"
 exit "$FAILED"

@@ -39,6 +39,24 @@ pub enum Command {
     /// Start the homeserver binary, write concurrently, kill -9 it at a random moment,
     /// restart, and check every acknowledged write; N times.
     CrashLoop(CrashLoopArgs),
+    /// Sign up on a server, store what a scenario reads, and print a Lua script that
+    /// makes `wrk` send that scenario's requests (pre-signed PUTs for put-*).
+    WrkScript(WrkScriptArgs),
+}
+
+#[derive(Debug, Args)]
+pub struct WrkScriptArgs {
+    /// Server to prepare: http:// on 127.0.0.1, localhost or [::1] only.
+    #[arg(long, value_parser = Target::parse)]
+    pub url: Target,
+    #[arg(long, value_enum)]
+    pub scenario: Scenario,
+    /// PUTs to sign in advance (put-* only): more than wrk will send.
+    #[arg(long, default_value_t = 100_000)]
+    pub requests: usize,
+    /// wrk's --threads (put-* splits the signed requests between them).
+    #[arg(long, default_value_t = 2)]
+    pub wrk_threads: usize,
 }
 
 #[derive(Debug, Args)]
@@ -195,7 +213,19 @@ pub fn execute(cli: Cli) -> anyhow::Result<()> {
         Command::Fanout(args) => fanout(args),
         Command::Attack(args) => attack(args),
         Command::CrashLoop(args) => crash_loop(args),
+        Command::WrkScript(args) => wrk_script(args),
     }
+}
+
+fn wrk_script(args: WrkScriptArgs) -> anyhow::Result<()> {
+    let script = crate::wrk::WrkScript {
+        url: args.url,
+        scenario: args.scenario,
+        requests: args.requests,
+        wrk_threads: args.wrk_threads.max(1),
+    };
+    print!("{}", runtime(Some(1))?.block_on(script.build())?);
+    Ok(())
 }
 
 fn runtime(threads: Option<u16>) -> anyhow::Result<tokio::runtime::Runtime> {

@@ -107,6 +107,16 @@ pub async fn run(config: RunConfig) -> Result<Summary, RunError> {
     ))
 }
 
+/// A scenario's workload with its set-up done on `target` (signed up, value stored,
+/// session minted): what another client (wrk) needs to load the same server.
+pub async fn prepared(target: &Target, scenario: Scenario) -> Result<Workload, RunError> {
+    let workload = Workload::new(scenario, &target.authority)?;
+    timeout(SETUP_TIMEOUT, setup(target, &workload))
+        .await
+        .map_err(|_| RunError::SetupTimeout(SETUP_TIMEOUT))??;
+    Ok(workload)
+}
+
 /// Checks the server is reachable, then sends the set-up requests on one connection;
 /// any non-2xx answer aborts the run.
 async fn setup(target: &Target, workload: &Workload) -> Result<(), RunError> {

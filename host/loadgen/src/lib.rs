@@ -12,6 +12,7 @@
 //! - [`fanout`]: the event fan-out benchmark: N live `/events-stream` subscribers, W
 //!   writes at a fixed rate, delivery latency and exactly-once checks, idle memory.
 //! - [`sse`]: the incremental Server-Sent Events parser the subscribers use.
+//! - [`wrk`]: Lua scripts for `wrk`, the independent client of the benchmarks.
 
 #![cfg_attr(test, allow(clippy::unwrap_used))]
 
@@ -24,3 +25,4 @@ pub mod scenario;
 pub mod sse;
 pub mod summary;
 pub mod target;
+pub mod wrk;

@@ -34,6 +34,12 @@ pub enum Scenario {
     /// Signed PUT of a 1 MiB value, a new path each time.
     #[value(name = "put-1m")]
     Put1m,
+    /// Signed PUT of a 10 MiB value, a new path each time (memory under large values).
+    #[value(name = "put-10m")]
+    Put10m,
+    /// Owner-signed GET of a 10 MiB value.
+    #[value(name = "get-10m")]
+    Get10m,
     /// Owner-signed GET of a 1 KiB value.
     #[value(name = "get-1k")]
     Get1k,
@@ -66,9 +72,11 @@ pub enum Kind {
 }
 
 impl Scenario {
-    pub const ALL: [Scenario; 8] = [
+    pub const ALL: [Scenario; 10] = [
         Scenario::Put1k,
         Scenario::Put1m,
+        Scenario::Put10m,
+        Scenario::Get10m,
         Scenario::Get1k,
         Scenario::Get1m,
         Scenario::PublicGet1k,
@@ -82,6 +90,8 @@ impl Scenario {
         match self {
             Scenario::Put1k => "put-1k",
             Scenario::Put1m => "put-1m",
+            Scenario::Put10m => "put-10m",
+            Scenario::Get10m => "get-10m",
             Scenario::Get1k => "get-1k",
             Scenario::Get1m => "get-1m",
             Scenario::PublicGet1k => "public-get-1k",
@@ -93,8 +103,8 @@ impl Scenario {
 
     pub fn kind(self) -> Kind {
         match self {
-            Scenario::Put1k | Scenario::Put1m => Kind::Put,
-            Scenario::Get1k | Scenario::Get1m => Kind::SignedGet,
+            Scenario::Put1k | Scenario::Put1m | Scenario::Put10m => Kind::Put,
+            Scenario::Get1k | Scenario::Get1m | Scenario::Get10m => Kind::SignedGet,
             Scenario::PublicGet1k | Scenario::PublicGet1m => Kind::PublicGet,
             Scenario::SessionGet1k => Kind::SessionGet,
             Scenario::Static => Kind::Static,
@@ -108,6 +118,7 @@ impl Scenario {
                 KIB
             }
             Scenario::Put1m | Scenario::Get1m | Scenario::PublicGet1m => MIB,
+            Scenario::Put10m | Scenario::Get10m => 10 * MIB,
             Scenario::Static => 0,
         }
     }
@@ -192,6 +203,42 @@ impl Workload {
 
     pub fn scenario(&self) -> Scenario {
         self.scenario
+    }
+
+    /// The owner's key (z32), the path the GET scenarios read, and the value.
+    pub fn owner(&self) -> &str {
+        self.owner_z32.to_str().unwrap_or_default()
+    }
+
+    pub fn read_path(&self) -> &str {
+        &self.read_path
+    }
+
+    pub fn value(&self) -> &Bytes {
+        &self.value
+    }
+
+    pub fn value_hash(&self) -> &BodyHash {
+        &self.value_hash
+    }
+
+    /// `Authorization` of a PUT of the value at `path`, signed now.
+    pub fn put_authorization(&self, path: &str) -> String {
+        AuthHeader::sign(&self.keypair, "PUT", path, unix_secs(), &self.value_hash)
+            .to_header_value()
+    }
+
+    /// `Authorization` of the owner's GET of the read path, signed now (valid while the
+    /// server's clock-skew window lasts: five minutes).
+    pub fn get_authorization(&self) -> String {
+        AuthHeader::sign(
+            &self.keypair,
+            "GET",
+            &self.read_path,
+            unix_secs(),
+            &BodyHash::empty(),
+        )
+        .to_header_value()
     }
 
     /// The requests made before the timed section, in order: sign up (all but `static`),
