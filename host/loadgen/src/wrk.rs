@@ -68,17 +68,15 @@ impl WrkScript {
             "local digest = \"{}\"",
             workload.value_hash().to_content_digest()
         )?;
-        lua.push_str("local puts = {\n");
-        let name = self.scenario.name();
-        for i in 0..self.requests {
-            let path = format!("/pub/bench/wrk-{name}/{i}");
-            writeln!(
-                lua,
-                "  {{\"{path}\", \"{}\"}},",
-                workload.put_authorization(&path)
-            )?;
-        }
-        lua.push_str("}\n");
+        // One long-string constant, split when the script loads: a table constructor
+        // with an entry per request stops at LuaJIT's 65,536 constants per function
+        // (wrk then sends its default request, which every server refuses).
+        let entries = (0..self.requests).map(|i| {
+            let path = format!("/pub/bench/wrk-{}/{i}", self.scenario.name());
+            let authorization = workload.put_authorization(&path);
+            (path, authorization)
+        });
+        lua.push_str(&put_table(entries));
         writeln!(
             lua,
             r#"local threads = {threads}
@@ -101,5 +99,37 @@ end"#,
             threads = self.wrk_threads
         )?;
         Ok(())
+    }
+}
+
+/// Lua that defines `puts`, a list of `{path, authorization}`, from one long string.
+fn put_table(entries: impl Iterator<Item = (String, String)>) -> String {
+    let mut lua = String::from("local data = [==[\n");
+    for (path, authorization) in entries {
+        // Neither holds a tab, a newline or "]==]" (paths are checked by the protocol
+        // crate, the header is z32, base64 and digits).
+        lua.push_str(&path);
+        lua.push('\t');
+        lua.push_str(&authorization);
+        lua.push('\n');
+    }
+    lua.push_str(
+        "]==]\nlocal puts = {}\nfor path, authorization in data:gmatch(\"([^\\t\\n]+)\\t([^\\n]+)\\n\") do\n  puts[#puts + 1] = {path, authorization}\nend\n",
+    );
+    lua
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_put_table_is_one_constant_whatever_the_number_of_requests() {
+        let entries = (0..100_000).map(|i| (format!("/pub/b/{i}"), format!("Pk k:s{i}:1")));
+        let lua = put_table(entries);
+        // Two string literals in the loader (the pattern) and none per request.
+        assert_eq!(lua.matches('"').count(), 2);
+        assert!(lua.starts_with("local data = [==[\n/pub/b/0\tPk k:s0:1\n"));
+        assert!(lua.contains("/pub/b/99999\tPk k:s99999:1\n]==]\n"));
     }
 }

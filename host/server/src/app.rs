@@ -442,7 +442,6 @@ async fn load_policies(config: &Config) -> Result<PolicyRuntime, StartError> {
     Ok(runtime)
 }
 
-#[cfg(unix)]
 /// SIGHUP also re-reads the HTTPS certificate files (beside the policies' own reload).
 #[cfg(unix)]
 async fn reload_certificate_on_sighup(files: Arc<tls::CertificateFiles>, stop: CancellationToken) {

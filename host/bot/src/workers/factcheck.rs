@@ -113,11 +113,7 @@ pub async fn run(ctx: &BotContext, mention: &Mention) -> Result<Outcome, StageEr
         checked.push(verdict);
     }
     let (overall, confidence) = assess(&checked);
-    let sources: Vec<String> = {
-        let mut all: Vec<String> = checked.iter().flat_map(|c| c.sources.clone()).collect();
-        all.dedup();
-        all
-    };
+    let sources: Vec<String> = cited_once(&checked).into_iter().cloned().collect();
     let reply = render(ctx, overall, confidence, &checked);
     Ok(Outcome {
         reply,
@@ -300,6 +296,17 @@ pub fn assess(claims: &[CheckedClaim]) -> (Verdict, Confidence) {
     (overall, confidence)
 }
 
+/// Every source the claims cite, in order of first citation, each once (two claims often
+/// cite the same page, not always next to each other).
+fn cited_once(claims: &[CheckedClaim]) -> Vec<&String> {
+    let mut seen = std::collections::HashSet::new();
+    claims
+        .iter()
+        .flat_map(|c| &c.sources)
+        .filter(|s| seen.insert(s.as_str()))
+        .collect()
+}
+
 fn render(
     ctx: &BotContext,
     overall: Verdict,
@@ -319,8 +326,7 @@ fn render(
             clip(&c.reason, 240)
         ));
     }
-    let mut sources: Vec<&String> = claims.iter().flat_map(|c| &c.sources).collect();
-    sources.dedup();
+    let sources = cited_once(claims);
     if !sources.is_empty() {
         reply.push_str("\nSources:");
         for s in sources.iter().take(6) {
@@ -360,6 +366,17 @@ mod tests {
             assess(&[claim(Accurate, 2), claim(Unverifiable, 0)]),
             (Accurate, Confidence::Medium)
         );
+    }
+
+    #[test]
+    fn a_source_cited_by_several_claims_is_listed_once() {
+        let mut first = claim(Verdict::Accurate, 2);
+        first.sources.push("https://s/shared".into());
+        let mut second = claim(Verdict::Mixed, 1);
+        second.sources.insert(0, "https://s/shared".into());
+        let claims = [first, second];
+        let cited = cited_once(&claims);
+        assert_eq!(cited, ["https://s/0", "https://s/1", "https://s/shared"]);
     }
 
     #[test]
