@@ -21,7 +21,6 @@ use object_store::path::Path;
 use object_store::prefix::PrefixStore;
 use object_store::{ClientOptions, GetResultPayload, ObjectStore, ObjectStoreExt, RetryConfig};
 use tokio::io::AsyncWriteExt;
-use tokio_util::io::ReaderStream;
 
 use super::BackendOptions;
 use super::metadata::MetadataStore;
@@ -35,6 +34,53 @@ const LOCAL_WRITE_BUFFER_BYTES: usize = 256 * 1024;
 const S3_WRITE_BUFFER_BYTES: usize = 5 * 1024 * 1024;
 /// Bytes read from a local blob at a time when streaming it out.
 const LOCAL_READ_BYTES: usize = 256 * 1024;
+
+/// Streams the `size` bytes of a local blob file in reads of [`LOCAL_READ_BYTES`].
+///
+/// object_store would stream it in 8 KiB reads, and `tokio::fs::File` reads into a
+/// buffer of its own and copies from there. Here each chunk is one blocking read
+/// straight into the buffer that becomes the body frame, the next read starts as soon
+/// as a chunk is handed on (so disk and socket work overlap), and the recorded size ends
+/// the stream without a last read to find the end. A file shorter than recorded ends
+/// the stream with an error (the response is cut, never silently short).
+fn read_file(
+    file: std::fs::File,
+    size: u64,
+) -> impl futures_util::Stream<Item = Result<Bytes, BlobError>> + Send + 'static {
+    type Pending = tokio::task::JoinHandle<std::io::Result<(std::fs::File, Vec<u8>)>>;
+    fn start(mut file: std::fs::File, want: u64) -> Pending {
+        tokio::task::spawn_blocking(move || {
+            use std::io::Read as _;
+            let mut chunk = Vec::with_capacity(want as usize);
+            (&mut file).take(want).read_to_end(&mut chunk)?;
+            Ok((file, chunk))
+        })
+    }
+    let failed = |e: String| BlobError::Unavailable(format!("reading a blob: {e}"));
+    let first = size.min(LOCAL_READ_BYTES as u64);
+    let pending = (size > 0).then(|| start(file, first));
+    futures_util::stream::try_unfold(
+        (pending, first, size - first),
+        move |(pending, want, left)| async move {
+            let Some(pending) = pending else {
+                return Ok(None);
+            };
+            let (file, chunk) = pending
+                .await
+                .map_err(|e| failed(e.to_string()))?
+                .map_err(|e| failed(e.to_string()))?;
+            if (chunk.len() as u64) < want {
+                return Err(failed(format!(
+                    "the file ends {} bytes before its recorded size",
+                    want - chunk.len() as u64 + left
+                )));
+            }
+            let next = left.min(LOCAL_READ_BYTES as u64);
+            let pending = (next > 0).then(|| start(file, next));
+            Ok(Some((Bytes::from(chunk), (pending, next, left - next))))
+        },
+    )
+}
 
 /// Values up to this size are kept in memory after a read. A blob's bytes never change
 /// under its key, so the cache can never serve stale bytes.
@@ -197,14 +243,7 @@ impl BlobStore {
         }
         let result = self.store.get(&Path::from(key)).await.map_err(map_err)?;
         match result.payload {
-            // object_store streams a local file in 8 KiB reads, each a hop to the
-            // blocking pool; reads of LOCAL_READ_BYTES cost 32 times fewer hops.
-            GetResultPayload::File(file, _) => {
-                let file = tokio::fs::File::from_std(file);
-                Ok(ReaderStream::with_capacity(file, LOCAL_READ_BYTES)
-                    .map_err(|e| BlobError::Unavailable(format!("reading a blob: {e}")))
-                    .boxed())
-            }
+            GetResultPayload::File(file, _) => Ok(read_file(file, size).boxed()),
             GetResultPayload::Stream(stream) => Ok(stream.map_err(map_err).boxed()),
         }
     }
@@ -403,5 +442,43 @@ impl BlobWriter {
             self.finished = true;
             let _ = self.inner.abort().await;
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn file_of(bytes: &[u8]) -> (tempfile::NamedTempFile, std::fs::File) {
+        let mut named = tempfile::NamedTempFile::new().expect("temp file");
+        std::io::Write::write_all(&mut named, bytes).expect("write");
+        let file = std::fs::File::open(named.path()).expect("open");
+        (named, file)
+    }
+
+    #[tokio::test]
+    async fn a_file_streams_whole_in_chunks_of_the_read_size() {
+        let value: Vec<u8> = (0..3 * LOCAL_READ_BYTES + 17)
+            .map(|i| (i % 251) as u8)
+            .collect();
+        let (_named, file) = file_of(&value);
+        let chunks: Vec<Bytes> = read_file(file, value.len() as u64)
+            .try_collect()
+            .await
+            .expect("read");
+        let sizes: Vec<usize> = chunks.iter().map(Bytes::len).collect();
+        assert_eq!(
+            sizes,
+            [LOCAL_READ_BYTES, LOCAL_READ_BYTES, LOCAL_READ_BYTES, 17]
+        );
+        assert!(chunks.concat() == value, "the bytes come back in order");
+    }
+
+    #[tokio::test]
+    async fn a_file_shorter_than_recorded_ends_with_an_error() {
+        let (_named, file) = file_of(&[7; 1000]);
+        let read: Result<Vec<Bytes>, _> = read_file(file, 1500).try_collect().await;
+        let error = read.expect_err("a short file is an error, not a short body");
+        assert!(error.to_string().contains("500 bytes before"), "{error}");
     }
 }
