@@ -52,10 +52,22 @@ fn alpn(mut config: ServerConfig) -> Arc<ServerConfig> {
     Arc::new(config)
 }
 
-/// The raw-public-key server config of the server's key.
+/// The raw-public-key server config of the server's key: pkarr's certified key (the
+/// key's SubjectPublicKeyInfo), offered only over TLS 1.3. pkarr's own server config
+/// also offers TLS 1.2, where rustls cannot serve a raw key: a TLS 1.2 client then got
+/// a bare "handshake failure"; now it is told the protocol version is the problem.
 pub fn raw_public_key_config(key: &Keypair) -> Arc<ServerConfig> {
     let keypair = pkarr::Keypair::from_secret_key(&key.seed());
-    alpn(keypair.to_rpk_rustls_server_config())
+    let resolver = rustls::server::AlwaysResolvesServerRawPublicKeys::new(Arc::new(
+        keypair.to_rpk_certified_key(),
+    ));
+    let config =
+        ServerConfig::builder_with_provider(rustls::crypto::ring::default_provider().into())
+            .with_protocol_versions(&[&rustls::version::TLS13])
+            .expect("ring supports TLS 1.3")
+            .with_no_client_auth()
+            .with_cert_resolver(Arc::new(resolver));
+    alpn(config)
 }
 
 /// An X.509 certificate and key from PEM files, re-read when they change.

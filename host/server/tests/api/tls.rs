@@ -65,6 +65,72 @@ async fn a_server_with_another_key_is_refused_with_a_clear_error() {
     assert!(chain.contains("it is not that homeserver"), "{chain}");
 }
 
+/// A verifier that accepts any certificate: what a careless TLS 1.2 client would do.
+#[derive(Debug)]
+struct AcceptAnything(Arc<rustls::crypto::CryptoProvider>);
+
+impl rustls::client::danger::ServerCertVerifier for AcceptAnything {
+    fn verify_server_cert(
+        &self,
+        _: &rustls::pki_types::CertificateDer<'_>,
+        _: &[rustls::pki_types::CertificateDer<'_>],
+        _: &rustls::pki_types::ServerName<'_>,
+        _: &[u8],
+        _: rustls::pki_types::UnixTime,
+    ) -> Result<rustls::client::danger::ServerCertVerified, rustls::Error> {
+        Ok(rustls::client::danger::ServerCertVerified::assertion())
+    }
+
+    fn verify_tls12_signature(
+        &self,
+        _: &[u8],
+        _: &rustls::pki_types::CertificateDer<'_>,
+        _: &rustls::DigitallySignedStruct,
+    ) -> Result<rustls::client::danger::HandshakeSignatureValid, rustls::Error> {
+        Ok(rustls::client::danger::HandshakeSignatureValid::assertion())
+    }
+
+    fn verify_tls13_signature(
+        &self,
+        _: &[u8],
+        _: &rustls::pki_types::CertificateDer<'_>,
+        _: &rustls::DigitallySignedStruct,
+    ) -> Result<rustls::client::danger::HandshakeSignatureValid, rustls::Error> {
+        Ok(rustls::client::danger::HandshakeSignatureValid::assertion())
+    }
+
+    fn supported_verify_schemes(&self) -> Vec<rustls::SignatureScheme> {
+        self.0.signature_verification_algorithms.supported_schemes()
+    }
+}
+
+/// The raw-public-key listener speaks TLS 1.3 only (RFC 7250 keys are served over TLS
+/// 1.3): a client limited to TLS 1.2 is refused for its protocol version, not with a
+/// bare handshake failure halfway through.
+#[tokio::test]
+async fn the_raw_public_key_listener_refuses_tls_1_2() {
+    let (host, _) = rpk_host().await;
+    let provider = Arc::new(rustls::crypto::ring::default_provider());
+    let config = rustls::ClientConfig::builder_with_provider(provider.clone())
+        .with_protocol_versions(&[&rustls::version::TLS12])
+        .unwrap()
+        .dangerous()
+        .with_custom_certificate_verifier(Arc::new(AcceptAnything(provider)))
+        .with_no_client_auth();
+    let tcp = tokio::net::TcpStream::connect(host.server().tls_addr().unwrap())
+        .await
+        .unwrap();
+    let name = rustls::pki_types::ServerName::try_from("homeserver").unwrap();
+    let handshake = tokio_rustls::TlsConnector::from(Arc::new(config))
+        .connect(name, tcp)
+        .await;
+    let error = handshake.expect_err("a TLS 1.2 handshake must fail");
+    assert!(
+        error.to_string().to_lowercase().contains("protocol"),
+        "refused for its version: {error}"
+    );
+}
+
 /// Whether an independent tool is here; in CI it must be.
 fn have_tool(name: &str) -> bool {
     let found = std::process::Command::new(name)
