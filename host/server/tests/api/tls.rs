@@ -65,58 +65,13 @@ async fn a_server_with_another_key_is_refused_with_a_clear_error() {
     assert!(chain.contains("it is not that homeserver"), "{chain}");
 }
 
-/// A verifier that accepts any certificate: what a careless TLS 1.2 client would do.
-#[derive(Debug)]
-struct AcceptAnything(Arc<rustls::crypto::CryptoProvider>);
-
-impl rustls::client::danger::ServerCertVerifier for AcceptAnything {
-    fn verify_server_cert(
-        &self,
-        _: &rustls::pki_types::CertificateDer<'_>,
-        _: &[rustls::pki_types::CertificateDer<'_>],
-        _: &rustls::pki_types::ServerName<'_>,
-        _: &[u8],
-        _: rustls::pki_types::UnixTime,
-    ) -> Result<rustls::client::danger::ServerCertVerified, rustls::Error> {
-        Ok(rustls::client::danger::ServerCertVerified::assertion())
-    }
-
-    fn verify_tls12_signature(
-        &self,
-        _: &[u8],
-        _: &rustls::pki_types::CertificateDer<'_>,
-        _: &rustls::DigitallySignedStruct,
-    ) -> Result<rustls::client::danger::HandshakeSignatureValid, rustls::Error> {
-        Ok(rustls::client::danger::HandshakeSignatureValid::assertion())
-    }
-
-    fn verify_tls13_signature(
-        &self,
-        _: &[u8],
-        _: &rustls::pki_types::CertificateDer<'_>,
-        _: &rustls::DigitallySignedStruct,
-    ) -> Result<rustls::client::danger::HandshakeSignatureValid, rustls::Error> {
-        Ok(rustls::client::danger::HandshakeSignatureValid::assertion())
-    }
-
-    fn supported_verify_schemes(&self) -> Vec<rustls::SignatureScheme> {
-        self.0.signature_verification_algorithms.supported_schemes()
-    }
-}
-
 /// The raw-public-key listener speaks TLS 1.3 only (RFC 7250 keys are served over TLS
 /// 1.3): a client limited to TLS 1.2 is refused for its protocol version, not with a
 /// bare handshake failure halfway through.
 #[tokio::test]
 async fn the_raw_public_key_listener_refuses_tls_1_2() {
     let (host, _) = rpk_host().await;
-    let provider = Arc::new(rustls::crypto::ring::default_provider());
-    let config = rustls::ClientConfig::builder_with_provider(provider.clone())
-        .with_protocol_versions(&[&rustls::version::TLS12])
-        .unwrap()
-        .dangerous()
-        .with_custom_certificate_verifier(Arc::new(AcceptAnything(provider)))
-        .with_no_client_auth();
+    let config = accept_any_config(&[&rustls::version::TLS12]);
     let tcp = tokio::net::TcpStream::connect(host.server().tls_addr().unwrap())
         .await
         .unwrap();
@@ -216,16 +171,7 @@ async fn presented_certificate(port: u16, trust: &[u8]) -> Vec<u8> {
     roots
         .add(rustls::pki_types::CertificateDer::from(trust.to_vec()))
         .unwrap();
-    let config = rustls::ClientConfig::builder_with_provider(Arc::new(
-        rustls::crypto::ring::default_provider(),
-    ))
-    .with_safe_default_protocol_versions()
-    .unwrap()
-    .dangerous()
-    .with_custom_certificate_verifier(Arc::new(AcceptAny(
-        rustls::crypto::ring::default_provider().signature_verification_algorithms,
-    )))
-    .with_no_client_auth();
+    let config = accept_any_config(rustls::DEFAULT_VERSIONS);
     let connector = tokio_rustls::TlsConnector::from(Arc::new(config));
     let tcp = tokio::net::TcpStream::connect(("127.0.0.1", port))
         .await
@@ -235,7 +181,22 @@ async fn presented_certificate(port: u16, trust: &[u8]) -> Vec<u8> {
     tls.get_ref().1.peer_certificates().unwrap()[0].to_vec()
 }
 
-/// Accepts any certificate: the test only looks at which one is presented.
+/// A client of `versions` that accepts any certificate (and checks the handshake's
+/// signatures): for tests that look at which certificate or version a server offers.
+fn accept_any_config(
+    versions: &[&'static rustls::SupportedProtocolVersion],
+) -> rustls::ClientConfig {
+    let provider = rustls::crypto::ring::default_provider();
+    let verifier = AcceptAny(provider.signature_verification_algorithms);
+    rustls::ClientConfig::builder_with_provider(Arc::new(provider))
+        .with_protocol_versions(versions)
+        .unwrap()
+        .dangerous()
+        .with_custom_certificate_verifier(Arc::new(verifier))
+        .with_no_client_auth()
+}
+
+/// Accepts any certificate: the tests only look at which one is presented.
 #[derive(Debug)]
 struct AcceptAny(rustls::crypto::WebPkiSupportedAlgorithms);
 
