@@ -1,6 +1,14 @@
 //! Builds the bot (identity, database, homeserver account, index, guests, providers,
-//! bus) and runs it: the health server, the index follower, the poller and every stage,
-//! until a signal; then they stop, and the database closes.
+//! bus) and runs its part of the pipeline until a signal; then it stops, and the
+//! database closes. Which part (`pipeline::Role`):
+//! - with the in-process bus, everything: the index follower, the poller and every
+//!   stage;
+//! - with the Redis bus and no `WORKER_TYPE`, the leader's part (index follower,
+//!   poller, router, publisher) while it holds the lease (`lease`), standing by while
+//!   another process does;
+//! - with `WORKER_TYPE`, the workers of that type.
+//!
+//! Every process serves health and metrics.
 
 use std::net::SocketAddr;
 use std::sync::Arc;
@@ -12,19 +20,23 @@ use tokio::net::TcpListener;
 use tokio::task::JoinSet;
 use tokio_util::sync::CancellationToken;
 
-use crate::bus::InProcessBus;
-use crate::config::{BotConfig, IndexKind};
+use crate::bus::{Bus, InProcessBus, RedisBus, RedisBusConfig};
+use crate::config::{BotConfig, BusKind, IndexKind};
 use crate::context::{BotContext, StatusBoard};
 use crate::identity;
 use crate::index::Index;
 use crate::index::embedded::EmbeddedIndex;
 use crate::index::nexus::NexusIndex;
+use crate::lease::Lease;
 use crate::metrics::Metrics;
+use crate::pipeline::Role;
 use crate::post::MentionMatcher;
+use crate::providers::chain::{AiChain, CallLog, Retry, SearchChain};
 use crate::providers::openai::OpenAiCompatible;
 use crate::providers::search::WebSearch;
-use crate::providers::{AiModel, SearchApi};
-use crate::store::Store;
+use crate::providers::{AiModel, ProviderError, SearchApi};
+use crate::shared::{RedisShared, SharedState};
+use crate::store::{ActionType, Store};
 use crate::{health, pipeline, poller};
 
 #[derive(Debug, thiserror::Error)]
@@ -46,6 +58,11 @@ pub enum StartError {
     },
     #[error(transparent)]
     Stage(#[from] crate::workers::StageError),
+    #[error("the Redis bus at {url}: {source}")]
+    Bus {
+        url: String,
+        source: crate::bus::BusError,
+    },
 }
 
 /// A running bot.
@@ -88,14 +105,51 @@ impl Bot {
         let matcher = MentionMatcher::new(&key, &config.identity.handles);
         let stop = CancellationToken::new();
         let mut tasks = JoinSet::new();
+        let role = match config.workers.worker_type.as_str() {
+            "summary" => Role::Worker(ActionType::Summary),
+            "factcheck" => Role::Worker(ActionType::Factcheck),
+            _ if config.bus.kind == BusKind::Redis => Role::Leader,
+            _ => Role::All,
+        };
+        let (bus, shared, redis): (Arc<dyn Bus>, SharedState, Option<Arc<RedisBus>>) = match config
+            .bus
+            .kind
+        {
+            BusKind::InProcess => (
+                Arc::new(InProcessBus::new()),
+                SharedState::Database(store.clone()),
+                None,
+            ),
+            BusKind::Redis => {
+                let bus = Arc::new(
+                    RedisBus::connect(
+                        RedisBusConfig {
+                            url: config.bus.redis_url.clone(),
+                            prefix: config.bus.prefix.clone(),
+                            claim_idle: Duration::from_millis(config.bus.claim_idle_ms),
+                            max_deliveries: config.bus.max_deliveries,
+                            block: Duration::from_secs(2),
+                        },
+                        metrics.redis_operations.clone(),
+                    )
+                    .await
+                    .map_err(|source| StartError::Bus {
+                        url: crate::dlq::redacted(&config.bus.redis_url),
+                        source,
+                    })?,
+                );
+                let shared =
+                    SharedState::Redis(RedisShared::new(&bus, metrics.redis_operations.clone()));
+                (bus.clone(), shared, Some(bus))
+            }
+        };
 
+        // The embedded index is followed by the process that polls (the leader).
+        let mut follower = None;
         let index: Arc<dyn Index> = match config.index.kind {
             IndexKind::Embedded => {
                 let embedded = EmbeddedIndex::new(reader, store.clone(), matcher.clone());
-                tasks.spawn(embedded.clone().follow(
-                    Duration::from_millis(config.index.follow_interval_ms),
-                    stop.clone(),
-                ));
+                follower = Some(embedded.clone());
                 embedded
             }
             IndexKind::Nexus => Arc::new(NexusIndex::new(
@@ -117,31 +171,16 @@ impl Bot {
                 None
             }
         };
-        let ai: Option<Arc<dyn AiModel>> = config.ai.enabled().then(|| {
-            Arc::new(OpenAiCompatible::new(
-                config.ai.base(),
-                &config.ai.api_key,
-                &config.ai.model,
-                Duration::from_secs(config.ai.timeout_secs),
-            )) as Arc<dyn AiModel>
-        });
-        let search: Option<Arc<dyn SearchApi>> = WebSearch::new(
-            &config.search.provider,
-            &config.search.base_url,
-            &config.search.api_key,
-            Duration::from_secs(config.search.timeout_secs),
-        )
-        .map(|s| Arc::new(s) as Arc<dyn SearchApi>);
-        let providers: Vec<&str> = ai
-            .iter()
-            .map(|a| a.name())
-            .chain(search.iter().map(|s| s.name()))
-            .collect();
-        metrics.prepare(&providers);
+        let status = Arc::new(StatusBoard::default());
+        let (ai, search, provider_names) = providers(&config, &metrics, &status);
+        let names: Vec<&str> = provider_names.iter().map(String::as_str).collect();
+        metrics.prepare(&names);
         tracing::info!(
             botPubky = %key,
             homeserver = %config.homeserver.url,
             index = index.kind(),
+            role = role.name(),
+            bus = bus.kind(),
             aiProvider = ai.as_ref().map_or("local", |a| a.name()),
             search = search.as_ref().map_or("none", |s| s.name()),
             "starting"
@@ -162,14 +201,15 @@ impl Bot {
             key,
             homeserver,
             store,
-            bus: Arc::new(InProcessBus::new()),
+            shared,
+            bus,
             index,
             guests,
             ai,
             search,
             matcher,
             metrics,
-            status: StatusBoard::default(),
+            status,
         });
         tracing::info!(listen = %http_addr, "health and metrics");
         {
@@ -181,11 +221,20 @@ impl Bot {
                     .await;
             });
         }
-        tasks.spawn(sign_up(context.clone(), stop.clone()));
-        pipeline::start(&context, &mut tasks, &stop);
-        pipeline::recover(&context).await?;
-        tasks.spawn(poller::run(context.clone(), stop.clone()));
-        tasks.spawn(purge_keys(context.clone(), stop.clone()));
+        context.status.set_role(role.name());
+        match (role, redis) {
+            (Role::Worker(_), _) => pipeline::start(&context, role, &mut tasks, &stop).await?,
+            (Role::Leader, Some(redis)) => {
+                let lease = Lease::new(
+                    redis.connection(),
+                    redis.key("pkbot:leader"),
+                    format!("{}-{}", crate::bus::redis::process_name(), context.key),
+                    Duration::from_millis(context.config.bus.lease_ttl_ms),
+                );
+                tasks.spawn(lead(context.clone(), follower, lease, stop.clone()));
+            }
+            _ => run_leader_stages(&context, follower, role, &mut tasks, &stop).await?,
+        }
         Ok(Self {
             context,
             _watch: watch,
@@ -223,6 +272,205 @@ impl Bot {
         wait_for_signal().await;
         tracing::info!("stopping");
         self.shutdown().await;
+    }
+}
+
+/// The configured providers: AI, search, and the names of every member.
+type Providers = (
+    Option<Arc<dyn AiModel>>,
+    Option<Arc<dyn SearchApi>>,
+    Vec<String>,
+);
+
+/// The AI and search providers, each a chain of the configured one and its fallbacks
+/// with retries, reporting every call to the metrics and the health board; and the
+/// names of all of them.
+fn providers(config: &BotConfig, metrics: &Arc<Metrics>, status: &Arc<StatusBoard>) -> Providers {
+    let log: CallLog = {
+        let (metrics, status) = (metrics.clone(), status.clone());
+        Arc::new(
+            move |provider: &str, error: Option<&ProviderError>, tokens: u64| {
+                status.provider_called(
+                    provider,
+                    crate::store::now_secs(),
+                    error.map(ToString::to_string),
+                );
+                metrics
+                    .ai_api_calls
+                    .with_label_values(&[provider, if error.is_none() { "ok" } else { "error" }])
+                    .inc();
+                if tokens > 0 {
+                    metrics
+                        .ai_tokens_used
+                        .with_label_values(&[provider])
+                        .inc_by(tokens);
+                }
+            },
+        )
+    };
+    let mut names = Vec::new();
+    let ai = config.ai.enabled().then(|| {
+        let timeout = Duration::from_secs(config.ai.timeout_secs);
+        let mut members: Vec<Arc<dyn AiModel>> = vec![Arc::new(OpenAiCompatible::new(
+            config.ai.base(),
+            &config.ai.api_key,
+            &config.ai.model,
+            timeout,
+        ))];
+        for f in &config.ai.fallbacks {
+            members.push(Arc::new(OpenAiCompatible::new(
+                &f.base_url,
+                &f.api_key,
+                &f.model,
+                timeout,
+            )));
+        }
+        names.extend(members.iter().map(|m| m.name().to_owned()));
+        let retry = Retry {
+            retries: config.ai.max_retries,
+            max_wait: Duration::from_secs(config.ai.max_retry_wait_secs),
+            base: Duration::from_millis(500),
+        };
+        Arc::new(AiChain::new(members, retry, log.clone())) as Arc<dyn AiModel>
+    });
+    let timeout = Duration::from_secs(config.search.timeout_secs);
+    let members: Vec<Arc<dyn SearchApi>> = std::iter::once((
+        config.search.provider.as_str(),
+        config.search.base_url.as_str(),
+        config.search.api_key.as_str(),
+    ))
+    .chain(
+        config
+            .search
+            .fallbacks
+            .iter()
+            .map(|f| (f.provider.as_str(), f.base_url.as_str(), f.api_key.as_str())),
+    )
+    .filter_map(|(kind, base, key)| WebSearch::new(kind, base, key, timeout))
+    .map(|s| Arc::new(s) as Arc<dyn SearchApi>)
+    .collect();
+    names.extend(members.iter().map(|m| m.name().to_owned()));
+    let search = (!members.is_empty()).then(|| {
+        let retry = Retry {
+            retries: config.search.max_retries,
+            max_wait: Duration::from_secs(config.search.max_retry_wait_secs),
+            base: Duration::from_millis(500),
+        };
+        Arc::new(SearchChain::new(members, retry, log)) as Arc<dyn SearchApi>
+    });
+    names.sort();
+    names.dedup();
+    (ai, search, names)
+}
+
+/// Starts what the leader runs: sign-up, the index follower, the router and
+/// publisher (and in process the workers), what the last stop left unfinished, the
+/// poller, the key purge.
+async fn run_leader_stages(
+    ctx: &Arc<BotContext>,
+    follower: Option<Arc<EmbeddedIndex>>,
+    role: Role,
+    tasks: &mut JoinSet<()>,
+    stop: &CancellationToken,
+) -> Result<(), StartError> {
+    tasks.spawn(sign_up(ctx.clone(), stop.clone()));
+    if let Some(embedded) = follower {
+        tasks.spawn(embedded.follow(
+            Duration::from_millis(ctx.config.index.follow_interval_ms),
+            stop.clone(),
+        ));
+    }
+    pipeline::start(ctx, role, tasks, stop).await?;
+    pipeline::recover(ctx).await?;
+    tasks.spawn(poller::run(ctx.clone(), stop.clone()));
+    tasks.spawn(purge_keys(ctx.clone(), stop.clone()));
+    Ok(())
+}
+
+/// With the Redis bus: waits for the leader lease, leads while it holds it (renewing
+/// it), and stands by again if it loses it; gives it up at a clean stop.
+async fn lead(
+    ctx: Arc<BotContext>,
+    follower: Option<Arc<EmbeddedIndex>>,
+    lease: Lease,
+    stop: CancellationToken,
+) {
+    let period = lease.period();
+    let ttl = Duration::from_millis(ctx.config.bus.lease_ttl_ms);
+    loop {
+        ctx.status.set_role("standby");
+        let mut waiting_said = false;
+        loop {
+            match lease.acquire().await {
+                Ok(true) => break,
+                Ok(false) if !waiting_said => {
+                    waiting_said = true;
+                    let holder = lease.current_holder().await.ok().flatten();
+                    tracing::info!(
+                        holder = holder.as_deref().unwrap_or(""),
+                        "another process leads (poller, router, publisher): standing by"
+                    );
+                }
+                Ok(false) => {}
+                Err(e) => tracing::warn!(error = %e, "cannot reach Redis for the leader lease"),
+            }
+            tokio::select! {
+                _ = stop.cancelled() => return,
+                _ = tokio::time::sleep(period) => {}
+            }
+        }
+        tracing::info!(
+            holder = lease.holder(),
+            "took the leader lease: running the poller, router and publisher"
+        );
+        ctx.status.set_role("leader");
+        let term = stop.child_token();
+        let mut tasks = JoinSet::new();
+        let lost = match run_leader_stages(&ctx, follower.clone(), Role::Leader, &mut tasks, &term)
+            .await
+        {
+            Err(e) => {
+                tracing::error!(error = %e, "cannot start leading");
+                true
+            }
+            Ok(()) => {
+                let mut renewed = std::time::Instant::now();
+                loop {
+                    tokio::select! {
+                        _ = stop.cancelled() => break false,
+                        _ = tokio::time::sleep(period) => {}
+                    }
+                    match lease.renew().await {
+                        Ok(true) => renewed = std::time::Instant::now(),
+                        Ok(false) => break true,
+                        // Past its lifetime another process may hold it: stop.
+                        Err(e) if renewed.elapsed() + period >= ttl => {
+                            tracing::error!(error = %e, "cannot renew the leader lease");
+                            break true;
+                        }
+                        Err(e) => tracing::warn!(error = %e, "cannot renew the leader lease yet"),
+                    }
+                }
+            }
+        };
+        term.cancel();
+        let drain = async { while tasks.join_next().await.is_some() {} };
+        if tokio::time::timeout(Duration::from_secs(10), drain)
+            .await
+            .is_err()
+        {
+            tasks.abort_all();
+        }
+        if !lost {
+            let _ = lease.release().await;
+            return;
+        }
+        tracing::error!("lost the leader lease: stopped leading");
+        let _ = lease.release().await;
+        tokio::select! {
+            _ = stop.cancelled() => return,
+            _ = tokio::time::sleep(period) => {}
+        }
     }
 }
 

@@ -2,7 +2,7 @@
 
 use std::path::PathBuf;
 
-use clap::Parser;
+use clap::{Parser, Subcommand};
 
 /// The mention bot: answers posts that mention it with a thread summary or a
 /// fact-check. With no config it runs in local mode against a homeserver on
@@ -22,4 +22,30 @@ pub struct Cli {
     /// Print the bot's public key (from its mnemonic; made if missing) and exit.
     #[arg(long)]
     pub pubkey: bool,
+    #[command(subcommand)]
+    pub command: Option<Command>,
+}
+
+#[derive(Debug, Subcommand)]
+pub enum Command {
+    /// The dead letters: messages no stage could process (docs/bot.md "Dead letters").
+    Dlq {
+        #[command(subcommand)]
+        action: DlqAction,
+    },
+}
+
+#[derive(Debug, Subcommand)]
+pub enum DlqAction {
+    /// List them, oldest first.
+    List {
+        /// One JSON object per line.
+        #[arg(long)]
+        json: bool,
+    },
+    /// Put one (by its id) or every one back on its stream, once the cause is fixed.
+    Replay {
+        /// The id `dlq list` shows; without it, every dead letter.
+        id: Option<String>,
+    },
 }

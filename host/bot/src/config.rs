@@ -34,6 +34,7 @@ pub struct BotConfig {
     pub index: IndexConfig,
     pub poller: PollerConfig,
     pub workers: WorkersConfig,
+    pub bus: BusConfig,
     pub router: RouterConfig,
     pub summary: SummaryConfig,
     pub factcheck: FactcheckConfig,
@@ -129,8 +130,51 @@ pub struct WorkersConfig {
     pub factcheck_concurrency: usize,
     /// How often mentions a passing failure left unanswered are tried again.
     pub redrive_interval_secs: u64,
-    /// "" (everything), or a worker type (needs the Redis bus).
+    /// "" (poller, router, publisher), or a worker type (needs the Redis bus).
     pub worker_type: String,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "kebab-case")]
+pub enum BusKind {
+    InProcess,
+    Redis,
+}
+
+#[derive(Clone, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct BusConfig {
+    pub kind: BusKind,
+    /// `redis://[user:password@]host:port[/db]`.
+    pub redis_url: String,
+    /// Put before every Redis key.
+    pub prefix: String,
+    pub claim_idle_ms: u64,
+    pub max_deliveries: u64,
+    pub lease_ttl_ms: u64,
+}
+
+impl std::fmt::Debug for BusConfig {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        // The URL may carry a password.
+        let url = url::Url::parse(&self.redis_url).map_or_else(
+            |_| "<unparsable>".to_owned(),
+            |mut u| {
+                if u.password().is_some() {
+                    let _ = u.set_password(Some("****"));
+                }
+                u.to_string()
+            },
+        );
+        f.debug_struct("BusConfig")
+            .field("kind", &self.kind)
+            .field("redis_url", &url)
+            .field("prefix", &self.prefix)
+            .field("claim_idle_ms", &self.claim_idle_ms)
+            .field("max_deliveries", &self.max_deliveries)
+            .field("lease_ttl_ms", &self.lease_ttl_ms)
+            .finish()
+    }
 }
 
 #[derive(Debug, Clone, Serialize, Deserialize)]
@@ -162,6 +206,35 @@ pub struct AiConfig {
     pub api_key: String,
     pub model: String,
     pub timeout_secs: u64,
+    /// Tries again after a 429 or a 5xx (or no answer), per provider.
+    pub max_retries: u32,
+    /// A 429 asking for a longer wait than this moves on to the next provider.
+    pub max_retry_wait_secs: u64,
+    /// Providers tried in order when the one before fails (after its retries).
+    pub fallbacks: Vec<AiFallback>,
+}
+
+/// A fallback AI provider.
+#[derive(Clone, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct AiFallback {
+    pub base_url: String,
+    #[serde(default)]
+    pub api_key: String,
+    pub model: String,
+}
+
+impl std::fmt::Debug for AiFallback {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("AiFallback")
+            .field("base_url", &self.base_url)
+            .field(
+                "api_key",
+                &if self.api_key.is_empty() { "" } else { "****" },
+            )
+            .field("model", &self.model)
+            .finish()
+    }
 }
 
 impl std::fmt::Debug for AiConfig {
@@ -174,6 +247,9 @@ impl std::fmt::Debug for AiConfig {
             )
             .field("model", &self.model)
             .field("timeout_secs", &self.timeout_secs)
+            .field("max_retries", &self.max_retries)
+            .field("max_retry_wait_secs", &self.max_retry_wait_secs)
+            .field("fallbacks", &self.fallbacks)
             .finish()
     }
 }
@@ -202,6 +278,34 @@ pub struct SearchConfig {
     pub base_url: String,
     pub api_key: String,
     pub timeout_secs: u64,
+    pub max_retries: u32,
+    pub max_retry_wait_secs: u64,
+    /// Search APIs tried in order when the one before fails.
+    pub fallbacks: Vec<SearchFallback>,
+}
+
+/// A fallback search API.
+#[derive(Clone, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct SearchFallback {
+    pub provider: String,
+    #[serde(default)]
+    pub base_url: String,
+    #[serde(default)]
+    pub api_key: String,
+}
+
+impl std::fmt::Debug for SearchFallback {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("SearchFallback")
+            .field("provider", &self.provider)
+            .field("base_url", &self.base_url)
+            .field(
+                "api_key",
+                &if self.api_key.is_empty() { "" } else { "****" },
+            )
+            .finish()
+    }
 }
 
 impl std::fmt::Debug for SearchConfig {
@@ -214,6 +318,9 @@ impl std::fmt::Debug for SearchConfig {
                 &if self.api_key.is_empty() { "" } else { "****" },
             )
             .field("timeout_secs", &self.timeout_secs)
+            .field("max_retries", &self.max_retries)
+            .field("max_retry_wait_secs", &self.max_retry_wait_secs)
+            .field("fallbacks", &self.fallbacks)
             .finish()
     }
 }
@@ -343,6 +450,9 @@ impl BotConfig {
                 self.limits.per_user_window_secs,
             ),
             ("ai.timeout_secs", self.ai.timeout_secs),
+            ("bus.claim_idle_ms", self.bus.claim_idle_ms),
+            ("bus.max_deliveries", self.bus.max_deliveries),
+            ("bus.lease_ttl_ms", self.bus.lease_ttl_ms),
             ("search.timeout_secs", self.search.timeout_secs),
         ] {
             if value == 0 {
@@ -351,11 +461,12 @@ impl BotConfig {
         }
         match self.workers.worker_type.as_str() {
             "" => {}
-            "summary" | "factcheck" => problems.push(format!(
+            "summary" | "factcheck" if self.bus.kind != BusKind::Redis => problems.push(format!(
                 "WORKER_TYPE={} runs one worker type in its own process, which needs the \
-                 Redis bus; this version runs the whole pipeline in one process: unset it",
+                 Redis bus (bus.kind = \"redis\", PKBOT__BUS__KIND=redis)",
                 self.workers.worker_type
             )),
+            "summary" | "factcheck" => {}
             other => problems.push(format!(
                 "WORKER_TYPE must be summary or factcheck (or unset), got `{other}`"
             )),
@@ -370,6 +481,21 @@ impl BotConfig {
             other => problems.push(format!(
                 "search.provider must be brave, tavily, searxng or empty, got `{other}`"
             )),
+        }
+        for (i, f) in self.search.fallbacks.iter().enumerate() {
+            match f.provider.as_str() {
+                "brave" | "tavily" => {}
+                "searxng" if !f.base_url.is_empty() => {}
+                other => problems.push(format!(
+                    "search.fallbacks[{i}]: provider must be brave, tavily or searxng (searxng \
+                     with a base_url), got `{other}`"
+                )),
+            }
+        }
+        for (i, f) in self.ai.fallbacks.iter().enumerate() {
+            if f.base_url.is_empty() {
+                problems.push(format!("ai.fallbacks[{i}] needs a base_url"));
+            }
         }
         if self.index.kind == IndexKind::Nexus && self.index.nexus_url.is_empty() {
             problems.push("index.kind = \"nexus\" needs index.nexus_url".into());

@@ -15,6 +15,7 @@ use crate::index::Index;
 use crate::metrics::Metrics;
 use crate::post::MentionMatcher;
 use crate::providers::{AiModel, SearchApi};
+use crate::shared::SharedState;
 use crate::store::{ActionType, Store};
 
 pub struct BotContext {
@@ -24,6 +25,8 @@ pub struct BotContext {
     /// The bot's homeserver, with requests signed by the bot's key.
     pub homeserver: PkClient,
     pub store: Store,
+    /// Idempotency keys and rate limits (Redis with the Redis bus).
+    pub shared: SharedState,
     pub bus: Arc<dyn Bus>,
     pub index: Arc<dyn Index>,
     /// The safety filter and the intent classifier.
@@ -33,7 +36,7 @@ pub struct BotContext {
     pub search: Option<Arc<dyn SearchApi>>,
     pub matcher: MentionMatcher,
     pub metrics: Arc<Metrics>,
-    pub status: StatusBoard,
+    pub status: Arc<StatusBoard>,
 }
 
 /// What the health endpoint reports that no store holds.
@@ -46,9 +49,25 @@ pub struct StatusBoard {
     providers: Mutex<std::collections::BTreeMap<String, (i64, Option<String>)>>,
     busy_summary: AtomicUsize,
     busy_factcheck: AtomicUsize,
+    /// What this process does now: all, leader, standby, summary-worker,
+    /// factcheck-worker.
+    role: Mutex<&'static str>,
 }
 
 impl StatusBoard {
+    pub fn set_role(&self, role: &'static str) {
+        *self.role.lock().unwrap_or_else(|e| e.into_inner()) = role;
+    }
+
+    pub fn role(&self) -> &'static str {
+        *self.role.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    /// Whether this process polls and publishes now (so health expects polls).
+    pub fn polls(&self) -> bool {
+        matches!(self.role(), "all" | "leader")
+    }
+
     pub fn poll_succeeded(&self, at: i64) {
         *self.last_poll.lock().unwrap_or_else(|e| e.into_inner()) = (Some(at), None);
     }

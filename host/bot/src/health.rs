@@ -4,7 +4,9 @@
 //! process runs) and `/metrics` (Prometheus text).
 //!
 //! `/api/health` answers 200 when everything is ok and 503 when something the bot
-//! needs is down (`status` says `ok`, `degraded` or `down`).
+//! needs is down (`status` says `ok`, `degraded` or `down`). `role` says what the
+//! process does (`all`, `leader`, `standby`, `summary-worker`, `factcheck-worker`);
+//! polls and the sign-up are expected only of a process that polls.
 
 use std::sync::Arc;
 
@@ -69,15 +71,22 @@ async fn health(State(ctx): State<Arc<BotContext>>) -> Response {
     let now = now_secs();
     let stale_after =
         i64::try_from(ctx.config.poller.interval_ms / 1000 * STALE_POLLS + 60).unwrap_or(i64::MAX);
-    let poll_ok = last_poll.is_some_and(|at| now - at <= stale_after);
+    let polls = ctx.status.polls();
+    // A worker or a standby neither polls nor publishes: nothing to expect of either.
+    let poll_ok = !polls || last_poll.is_some_and(|at| now - at <= stale_after);
     let signed_up = ctx
         .status
         .signed_up
         .load(std::sync::atomic::Ordering::Relaxed);
+    let bus = match ctx.bus.ping().await {
+        Ok(()) => json!({"status": "ok", "kind": ctx.bus.kind()}),
+        Err(e) => json!({"status": "down", "kind": ctx.bus.kind(), "error": e.to_string()}),
+    };
+    let bus_ok = bus["status"] == "ok";
     let providers = providers(&ctx);
-    let status = if !database_ok {
+    let status = if !database_ok || !bus_ok {
         "down"
-    } else if poll_ok && signed_up && providers["status"] == "ok" {
+    } else if poll_ok && (signed_up || !polls) && providers["status"] == "ok" {
         "ok"
     } else {
         "degraded"
@@ -86,8 +95,9 @@ async fn health(State(ctx): State<Arc<BotContext>>) -> Response {
     let body = json!({
         "status": status,
         "botPubky": ctx.key.to_z32(),
+        "role": ctx.status.role(),
         "database": database,
-        "bus": {"status": "ok", "kind": ctx.bus.kind()},
+        "bus": bus,
         "aiProvider": providers,
         "homeserver": {"url": ctx.config.homeserver.url, "signedUp": signed_up},
         "index": {"kind": ctx.index.kind()},
@@ -121,9 +131,13 @@ async fn ready(State(ctx): State<Arc<BotContext>>) -> Response {
         .status
         .signed_up
         .load(std::sync::atomic::Ordering::Relaxed);
-    let polled = ctx.status.last_poll().0.is_some();
+    // Workers and a standby are ready with their database and bus.
+    let polls = ctx.status.polls();
+    let polled = !polls || ctx.status.last_poll().0.is_some();
+    let signed_up = signed_up || !polls;
     let database = ctx.store.ping().await.is_ok();
-    if signed_up && polled && database {
+    let bus = ctx.bus.ping().await.is_ok();
+    if signed_up && polled && database && bus {
         (StatusCode::OK, Json(json!({"status": "ready"}))).into_response()
     } else {
         (
@@ -133,6 +147,7 @@ async fn ready(State(ctx): State<Arc<BotContext>>) -> Response {
                 "signedUp": signed_up,
                 "polled": polled,
                 "database": database,
+                "bus": bus,
             })),
         )
             .into_response()

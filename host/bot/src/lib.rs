@@ -11,6 +11,11 @@
 //!   `action.completed.v1`;
 //! - [`publisher`]: the safety filter, then the reply post.
 //!
+//! With the Redis bus the stages run in several processes: one holds the [`lease`] and
+//! runs the poller, router and publisher, others run workers (`WORKER_TYPE`); [`shared`]
+//! keeps idempotency keys and rate limits where all of them see them, and [`dlq`] is the
+//! operator's view of dead letters.
+//!
 //! [`pipeline`] runs the stages and resumes after a crash; [`app`] builds everything
 //! ([`context`]), [`health`] serves `/api/health*` and `/metrics` ([`metrics`]);
 //! [`config`], [`identity`] (BIP39), [`post`] (pubky.app posts) and [`logging`] (the
@@ -21,10 +26,12 @@ pub mod bus;
 pub mod cli;
 pub mod config;
 pub mod context;
+pub mod dlq;
 pub mod failpoint;
 pub mod health;
 pub mod identity;
 pub mod index;
+pub mod lease;
 pub mod logging;
 pub mod metrics;
 pub mod pipeline;
@@ -33,6 +40,7 @@ pub mod post;
 pub mod providers;
 pub mod publisher;
 pub mod router;
+pub mod shared;
 pub mod store;
 pub mod workers;
 

@@ -3,7 +3,7 @@
 use std::process::ExitCode;
 
 use clap::Parser;
-use pkbot::cli::Cli;
+use pkbot::cli::{Cli, Command, DlqAction};
 use pkbot::{Bot, BotConfig, identity, logging};
 
 #[tokio::main]
@@ -28,6 +28,7 @@ async fn main() -> ExitCode {
                 *secret = "<set, not shown>".into();
             }
         }
+        shown.bus.redis_url = pkbot::dlq::redacted(&shown.bus.redis_url);
         return match toml::to_string_pretty(&shown) {
             Ok(text) => {
                 print!("{text}");
@@ -54,6 +55,9 @@ async fn main() -> ExitCode {
             }
         };
     }
+    if let Some(Command::Dlq { action }) = cli.command {
+        return dlq(&config, action).await;
+    }
     logging::init(config.logging.format);
     match Bot::start(config).await {
         Ok(bot) => {
@@ -62,6 +66,54 @@ async fn main() -> ExitCode {
         }
         Err(e) => {
             tracing::error!(error = %e, "cannot start");
+            eprintln!("pkbot: {e}");
+            ExitCode::FAILURE
+        }
+    }
+}
+
+/// `pkbot dlq ...`.
+async fn dlq(config: &BotConfig, action: DlqAction) -> ExitCode {
+    let letters = match pkbot::dlq::DeadLetters::open(config).await {
+        Ok(l) => l,
+        Err(e) => {
+            eprintln!("pkbot: {e}");
+            return ExitCode::FAILURE;
+        }
+    };
+    let result = match action {
+        DlqAction::List { json } => letters.list().await.map(|list| {
+            for letter in &list {
+                if json {
+                    println!("{}", serde_json::to_string(letter).unwrap_or_default());
+                } else {
+                    println!(
+                        "{}  {}  deliveries={}  mention={}\n    reason: {}",
+                        letter.id,
+                        letter.stream,
+                        letter.deliveries,
+                        letter.mention_id().unwrap_or_else(|| "-".into()),
+                        letter.reason
+                    );
+                }
+            }
+            if list.is_empty() && !json {
+                eprintln!("no dead letters");
+            }
+        }),
+        DlqAction::Replay { id } => letters.replay(id.as_deref()).await.map(|done| {
+            for letter in &done {
+                println!("replayed {} onto {}", letter.id, letter.stream);
+            }
+            if done.is_empty() {
+                eprintln!("nothing to replay");
+            }
+        }),
+    };
+    letters.close().await;
+    match result {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(e) => {
             eprintln!("pkbot: {e}");
             ExitCode::FAILURE
         }

@@ -1,16 +1,21 @@
 //! Runs the stages on the bus: the router on `mention.received.v1`, the summary and
 //! factcheck workers (each `WORKER_CONCURRENCY_*` at once) on their request streams,
-//! the publisher on `action.completed.v1`; drives again what a stop or a failure left
-//! unfinished ([`recover`] at start, [`redrive`] every `workers.redrive_interval_secs`).
+//! the publisher on `action.completed.v1`; which of them depends on the process's
+//! [`Role`]. What a stop or a failure left unfinished is driven again ([`recover`] at
+//! start; with the in-process bus also [`redrive`] every `workers.redrive_interval_secs`).
 //!
-//! A stage that fails is tried again a few times with a growing pause. Then:
-//! - a failure that may pass (a provider or the homeserver unreachable or rate
-//!   limiting, the database busy) leaves the mention where it is: the next re-drive
-//!   takes it up again, until the mention is older than `poller.max_age_secs` (then it
-//!   is failed, saying why). A reserved reply stays reserved meanwhile: the re-drive
-//!   publishes that same post;
-//! - any other failure (or a panic) dead-letters the message (`dead_letters` table, the
-//!   `dead-letter.v1` stream's record) and fails the mention with the reason.
+//! A stage that fails is handled by what the bus can do:
+//! - in process, it is tried again a few times with a growing pause. A failure that
+//!   may pass (a provider or the homeserver unreachable or rate limiting, the database
+//!   busy) then leaves the mention where it is: the next re-drive takes it up again,
+//!   until the mention is older than `poller.max_age_secs` (then it is failed, saying
+//!   why). A reserved reply stays reserved meanwhile: the re-drive publishes that post;
+//! - on Redis, each delivery is one try: a failure that may pass leaves the message in
+//!   the group's pending list, and another delivery comes after `bus.claim_idle_ms`,
+//!   until `bus.max_deliveries`;
+//! - any other failure (or a panic), a message delivered too often and one that cannot
+//!   be read are dead-lettered (`dead-letter.v1` on Redis, the `dead_letters` table in
+//!   process) and the mention is failed with the reason.
 
 use std::collections::HashSet;
 use std::future::Future;
@@ -21,7 +26,7 @@ use futures_util::FutureExt;
 use tokio::task::JoinSet;
 use tokio_util::sync::CancellationToken;
 
-use crate::bus::{MentionReceived, Message, Topic};
+use crate::bus::{Consumer, Delivery, MentionReceived, Message, Topic};
 use crate::context::BotContext;
 use crate::store::{ActionType, MentionStatus, now_secs};
 use crate::workers::StageError;
@@ -44,23 +49,53 @@ impl InFlight {
     }
 }
 
-/// Starts every stage's consumers, and the re-drive, on `tasks`.
-pub fn start(ctx: &Arc<BotContext>, tasks: &mut JoinSet<()>, stop: &CancellationToken) {
+/// Which stages a process runs.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Role {
+    /// Everything, in one process (the in-process bus).
+    All,
+    /// The router and the publisher (the poller runs beside them): the lease holder.
+    Leader,
+    /// The workers of one action type.
+    Worker(ActionType),
+}
+
+impl Role {
+    pub fn name(self) -> &'static str {
+        match self {
+            Self::All => "all",
+            Self::Leader => "leader",
+            Self::Worker(ActionType::Summary) => "summary-worker",
+            Self::Worker(_) => "factcheck-worker",
+        }
+    }
+}
+
+/// Starts the consumers of `role`'s stages (and, in process, the re-drive) on `tasks`.
+pub async fn start(
+    ctx: &Arc<BotContext>,
+    role: Role,
+    tasks: &mut JoinSet<()>,
+    stop: &CancellationToken,
+) -> Result<(), StageError> {
     let in_flight = Arc::new(InFlight::default());
-    consume(
-        ctx,
-        &in_flight,
-        tasks,
-        stop,
-        Topic::MentionReceived,
-        1,
-        |ctx, message| async move {
-            match message {
-                Message::MentionReceived(m) => router::handle(ctx, m.mention_id).await,
-                _ => Ok(()),
-            }
-        },
-    );
+    if role != Role::Worker(ActionType::Summary) && role != Role::Worker(ActionType::Factcheck) {
+        consume(
+            ctx,
+            &in_flight,
+            tasks,
+            stop,
+            Topic::MentionReceived,
+            1,
+            |ctx, message| async move {
+                match message {
+                    Message::MentionReceived(m) => router::handle(ctx, m.mention_id).await,
+                    _ => Ok(()),
+                }
+            },
+        )
+        .await?;
+    }
     let workers = &ctx.config.workers;
     for (topic, action, concurrency) in [
         (
@@ -74,6 +109,9 @@ pub fn start(ctx: &Arc<BotContext>, tasks: &mut JoinSet<()>, stop: &Cancellation
             workers.factcheck_concurrency,
         ),
     ] {
+        if role != Role::All && role != Role::Worker(action) {
+            continue;
+        }
         consume(
             ctx,
             &in_flight,
@@ -87,7 +125,11 @@ pub fn start(ctx: &Arc<BotContext>, tasks: &mut JoinSet<()>, stop: &Cancellation
                     _ => Ok(()),
                 }
             },
-        );
+        )
+        .await?;
+    }
+    if matches!(role, Role::Worker(_)) {
+        return Ok(());
     }
     consume(
         ctx,
@@ -102,7 +144,12 @@ pub fn start(ctx: &Arc<BotContext>, tasks: &mut JoinSet<()>, stop: &Cancellation
                 _ => Ok(()),
             }
         },
-    );
+    )
+    .await?;
+    if ctx.bus.redelivers() {
+        // The bus's pending lists bring failed messages back.
+        return Ok(());
+    }
     let (ctx, stop) = (ctx.clone(), stop.clone());
     let every = Duration::from_secs(ctx.config.workers.redrive_interval_secs);
     tasks.spawn(async move {
@@ -118,10 +165,11 @@ pub fn start(ctx: &Arc<BotContext>, tasks: &mut JoinSet<()>, stop: &Cancellation
             }
         }
     });
+    Ok(())
 }
 
 /// `concurrency` consumers of `topic`, each handling one message at a time.
-fn consume<F, Fut>(
+async fn consume<F, Fut>(
     ctx: &Arc<BotContext>,
     in_flight: &Arc<InFlight>,
     tasks: &mut JoinSet<()>,
@@ -129,12 +177,13 @@ fn consume<F, Fut>(
     topic: Topic,
     concurrency: usize,
     handler: F,
-) where
+) -> Result<(), StageError>
+where
     F: Fn(Arc<BotContext>, Message) -> Fut + Clone + Send + Sync + 'static,
     Fut: Future<Output = Result<(), StageError>> + Send + 'static,
 {
     for _ in 0..concurrency.max(1) {
-        let consumer = ctx.bus.consumer(topic);
+        let consumer = ctx.bus.consumer(topic).await?;
         let (ctx, stop, handler, in_flight) = (
             ctx.clone(),
             stop.clone(),
@@ -142,42 +191,77 @@ fn consume<F, Fut>(
             in_flight.clone(),
         );
         tasks.spawn(async move {
+            let mut pause = Duration::from_millis(100);
             loop {
-                let message = tokio::select! {
-                    _ = stop.cancelled() => return,
-                    next = consumer.next() => match next {
-                        Some(m) => m,
-                        None => return,
-                    },
+                let delivery = match consumer.next(&stop).await {
+                    Ok(Some(d)) => d,
+                    Ok(None) => return,
+                    Err(e) => {
+                        // Redis away: wait (growing) and read again.
+                        tracing::warn!(stream = topic.name(), error = %e, "cannot read the bus");
+                        tokio::select! {
+                            _ = stop.cancelled() => return,
+                            _ = tokio::time::sleep(pause) => {}
+                        }
+                        pause = (pause * 2).min(Duration::from_secs(5));
+                        continue;
+                    }
                 };
-                let id = message.mention_id().map(str::to_owned);
+                pause = Duration::from_millis(100);
+                let id = delivery.mention_id().map(str::to_owned);
                 if let Some(id) = &id {
                     in_flight.set().insert(id.clone());
                 }
-                deliver(&ctx, topic, message, &handler).await;
+                deliver(&ctx, consumer.as_ref(), delivery, &handler).await;
                 if let Some(id) = &id {
                     in_flight.set().remove(id);
                 }
             }
         });
     }
+    Ok(())
 }
 
-/// Handles one message, retrying; then leaves it for a re-drive or dead-letters it.
-async fn deliver<F, Fut>(ctx: &Arc<BotContext>, topic: Topic, message: Message, handler: &F)
-where
+/// Handles one delivery; then acknowledges it, leaves it for another try or
+/// dead-letters it.
+async fn deliver<F, Fut>(
+    ctx: &Arc<BotContext>,
+    consumer: &dyn Consumer,
+    delivery: Delivery,
+    handler: &F,
+) where
     F: Fn(Arc<BotContext>, Message) -> Fut,
     Fut: Future<Output = Result<(), StageError>>,
 {
+    let topic = delivery.topic;
+    if let Some(reason) = &delivery.exhausted {
+        dead_letter(ctx, consumer, &delivery, reason).await;
+        return;
+    }
+    let message = match &delivery.message {
+        Ok(message) => message.clone(),
+        Err(why) => {
+            dead_letter(ctx, consumer, &delivery, why).await;
+            return;
+        }
+    };
+    // Redis brings the message back by itself: one try per delivery.
+    let attempts = if ctx.bus.redelivers() { 1 } else { ATTEMPTS };
     let mut last_error = String::new();
     let mut transient = true;
-    for attempt in 1..=ATTEMPTS {
+    for attempt in 1..=attempts {
         // A panic in a stage fails this message only, never the consumer.
         let outcome = std::panic::AssertUnwindSafe(handler(ctx.clone(), message.clone()))
             .catch_unwind()
             .await;
         let error = match outcome {
-            Ok(Ok(())) => return,
+            Ok(Ok(())) => {
+                if let Err(e) = consumer.ack(&delivery).await {
+                    // It comes back, and its stage finds its own answer.
+                    tracing::warn!(stream = topic.name(), error = %e, "could not acknowledge a message");
+                }
+                return;
+            }
             Ok(Err(e)) => e,
             Err(panic) => StageError::Other(format!(
                 "the stage panicked: {}",
@@ -194,6 +278,7 @@ where
             mentionId = message.mention_id().unwrap_or(""),
             stream = topic.name(),
             attempt,
+            deliveries = delivery.deliveries,
             transient,
             error = %last_error,
             "a stage failed"
@@ -201,36 +286,54 @@ where
         if !transient {
             break;
         }
-        if attempt < ATTEMPTS {
+        if attempt < attempts {
             tokio::time::sleep(Duration::from_millis(250 << attempt)).await;
         }
     }
     if transient {
-        // It may pass: the re-drive takes the mention up again later.
+        // It may pass: another delivery (Redis) or the re-drive takes it up later.
         tracing::warn!(
             mentionId = message.mention_id().unwrap_or(""),
             stream = topic.name(),
             error = %last_error,
             "left for a later try"
         );
+        if let Err(e) = consumer.failed(&delivery, &last_error).await {
+            tracing::warn!(stream = topic.name(), error = %e, "could not note the failure");
+        }
         return;
     }
+    dead_letter(ctx, consumer, &delivery, &last_error).await;
+}
+
+/// Dead-letters a delivery and fails its mention with the reason.
+async fn dead_letter(ctx: &BotContext, consumer: &dyn Consumer, delivery: &Delivery, reason: &str) {
+    let topic = delivery.topic;
     tracing::error!(
-        mentionId = message.mention_id().unwrap_or(""),
+        mentionId = delivery.mention_id().unwrap_or(""),
         stream = topic.name(),
-        error = %last_error,
+        deliveries = delivery.deliveries,
+        error = %reason,
         "message dead-lettered"
     );
-    if let Some(id) = message.mention_id() {
+    if let Some(id) = delivery.mention_id() {
         let _ = ctx
             .store
-            .set_mention_status(id, MentionStatus::Failed, Some(&last_error))
+            .set_mention_status(id, MentionStatus::Failed, Some(reason))
             .await;
     }
-    let _ = ctx
-        .store
-        .dead_letter(topic.name(), &message.payload().to_string(), &last_error)
-        .await;
+    match consumer.dead_letter(delivery, reason).await {
+        Ok(true) => {}
+        Ok(false) => {
+            let _ = ctx
+                .store
+                .dead_letter(topic.name(), &delivery.payload, reason)
+                .await;
+        }
+        Err(e) => {
+            tracing::warn!(stream = topic.name(), error = %e, "could not dead-letter a message");
+        }
+    }
 }
 
 /// Drives again what a stop left unfinished: executions still pending are failed as
@@ -238,8 +341,21 @@ where
 /// (each stage then finds its own earlier answer and moves on from there). Returns how
 /// many mentions it drove again.
 pub async fn recover(ctx: &BotContext) -> Result<usize, StageError> {
-    let interrupted = ctx.store.fail_interrupted_executions().await?;
-    let driven = drive_unfinished(ctx, &InFlight::default()).await?;
+    if ctx.bus.redelivers() {
+        // Workers in other processes may be running actions right now, and messages
+        // on their way are in Redis: only mentions the poller recorded without
+        // handing them on (it stopped in between) need driving.
+        let driven = drive_unfinished(ctx, &InFlight::default(), true).await?;
+        if driven > 0 {
+            tracing::info!(
+                mentions = driven,
+                "resuming what the last stop left unfinished"
+            );
+        }
+        return Ok(driven);
+    }
+    let interrupted = ctx.store.fail_interrupted_executions(None).await?;
+    let driven = drive_unfinished(ctx, &InFlight::default(), false).await?;
     if interrupted > 0 || driven > 0 {
         tracing::info!(
             interruptedActions = interrupted,
@@ -253,17 +369,22 @@ pub async fn recover(ctx: &BotContext) -> Result<usize, StageError> {
 /// Drives again the unfinished mentions no stage is working on (those a failure that
 /// may pass left behind).
 pub async fn redrive(ctx: &BotContext, in_flight: &InFlight) -> Result<usize, StageError> {
-    let driven = drive_unfinished(ctx, in_flight).await?;
+    let driven = drive_unfinished(ctx, in_flight, false).await?;
     if driven > 0 {
         tracing::info!(mentions = driven, "trying unfinished mentions again");
     }
     Ok(driven)
 }
 
-async fn drive_unfinished(ctx: &BotContext, in_flight: &InFlight) -> Result<usize, StageError> {
+/// Publishes the unfinished mentions again (only `pending` ones with `pending_only`).
+async fn drive_unfinished(
+    ctx: &BotContext,
+    in_flight: &InFlight,
+    pending_only: bool,
+) -> Result<usize, StageError> {
     let max_age = i64::try_from(ctx.config.poller.max_age_secs).unwrap_or(i64::MAX);
     let mut driven = 0;
-    for (id, posted_at) in ctx.store.unfinished_mentions().await? {
+    for (id, posted_at) in ctx.store.unfinished_mentions(pending_only).await? {
         if in_flight.contains(&id) {
             continue;
         }

@@ -98,10 +98,10 @@ async fn ingest(ctx: &BotContext, post: Post) -> Result<bool, IndexError> {
     let store_error = |e: crate::store::StoreError| IndexError::Unavailable(e.to_string());
     let id = post.uri.key();
     let fresh_key = ctx
-        .store
+        .shared
         .claim_key(&format!("mention:{id}"), KEY_LIFETIME)
         .await
-        .map_err(store_error)?;
+        .map_err(|e| IndexError::Unavailable(e.to_string()))?;
     let posted_at = post
         .uri
         .timestamp_micros()

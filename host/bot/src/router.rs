@@ -25,7 +25,7 @@ use crate::index;
 use crate::poller::KEY_LIFETIME;
 use crate::post::PostUri;
 use crate::providers::{ChatMessage, fenced};
-use crate::store::{ActionType, Effect, Mention, MentionStatus, Method, RoutingDecision, now_secs};
+use crate::store::{ActionType, Effect, Mention, MentionStatus, Method, RoutingDecision};
 use crate::workers::StageError;
 
 /// Routes one mention (a `mention.received.v1` message).
@@ -45,10 +45,16 @@ pub async fn handle(ctx: Arc<BotContext>, mention_id: String) -> Result<(), Stag
         None => {
             let decision = decide(&ctx, &mention).await?;
             let _ = ctx
-                .store
+                .shared
                 .claim_key(&format!("route:{}", mention.id), KEY_LIFETIME)
                 .await?;
-            ctx.store.decide(&decision).await?
+            let decision = ctx.store.decide(&decision).await?;
+            if matches!(decision.action, ActionType::Summary | ActionType::Factcheck) {
+                ctx.shared
+                    .record_action(&mention.author, &mention.id, window(&ctx))
+                    .await?;
+            }
+            decision
         }
     };
     // After the decision is stored, and again on every redelivery (each is idempotent):
@@ -129,7 +135,7 @@ async fn apply(ctx: &BotContext, author: &str, effect: Effect) -> Result<(), Sta
     match effect {
         Effect::OptOut => ctx.store.set_opted_out(author, true).await?,
         Effect::OptIn => ctx.store.set_opted_out(author, false).await?,
-        Effect::RateNotice => ctx.store.record_rate_notice(author).await?,
+        Effect::RateNotice => ctx.shared.record_rate_notice(author, window(ctx)).await?,
     }
     Ok(())
 }
@@ -255,6 +261,11 @@ async fn decide_action(
     Ok(decision)
 }
 
+/// The per-user rate limit's window.
+fn window(ctx: &BotContext) -> std::time::Duration {
+    std::time::Duration::from_secs(ctx.config.limits.per_user_window_secs)
+}
+
 /// Why an action may not run now, and the notice to send instead (if any).
 struct Limited {
     reason: String,
@@ -279,16 +290,18 @@ async fn limit(
             }));
         }
     }
-    let window = i64::try_from(limits.per_user_window_secs).unwrap_or(i64::MAX);
-    let since = now_secs().saturating_sub(window);
     let used = ctx
-        .store
-        .actions_for_author_since(&mention.author, since)
+        .shared
+        .actions_in_window(&mention.author, window(ctx))
         .await?;
     if used < limits.per_user_actions {
         return Ok(None);
     }
-    if ctx.store.rate_notice_since(&mention.author, since).await? {
+    if ctx
+        .shared
+        .rate_notice_in_window(&mention.author, window(ctx))
+        .await?
+    {
         return Ok(Some(Limited {
             reason: "per-user rate limit (notice sent already)".into(),
             notice: None,
@@ -344,45 +357,31 @@ async fn ai_classify(
     let mut last_error = String::new();
     for _ in 0..2 {
         match ai.complete(&messages, 150, true).await {
-            Ok(answer) => {
-                ctx.metrics
-                    .ai_api_calls
-                    .with_label_values(&[ai.name(), "ok"])
-                    .inc();
-                ctx.metrics
-                    .ai_tokens_used
-                    .with_label_values(&[ai.name()])
-                    .inc_by(answer.tokens);
-                match parse_json::<AiVerdict>(&answer.text) {
-                    Some(v) if ActionType::parse(&v.action).is_some() => {
-                        return Ok(RoutingDecision {
-                            mention_id: mention.id.clone(),
-                            method: Method::Llm,
-                            action: ActionType::parse(&v.action).unwrap_or(ActionType::None),
-                            confidence: Some(v.confidence.clamp(0.0, 1.0)),
-                            reasoning: if v.reasoning.is_empty() {
-                                format!("AI classifier (keywords: {})", candidates.join(", "))
-                            } else {
-                                v.reasoning
-                            },
-                            notice: None,
-                            effect: None,
-                            thread_root: None,
-                        });
-                    }
-                    _ => {
-                        last_error = format!(
-                            "unusable answer: {}",
-                            answer.text.chars().take(120).collect::<String>()
-                        )
-                    }
+            Ok(answer) => match parse_json::<AiVerdict>(&answer.text) {
+                Some(v) if ActionType::parse(&v.action).is_some() => {
+                    return Ok(RoutingDecision {
+                        mention_id: mention.id.clone(),
+                        method: Method::Llm,
+                        action: ActionType::parse(&v.action).unwrap_or(ActionType::None),
+                        confidence: Some(v.confidence.clamp(0.0, 1.0)),
+                        reasoning: if v.reasoning.is_empty() {
+                            format!("AI classifier (keywords: {})", candidates.join(", "))
+                        } else {
+                            v.reasoning
+                        },
+                        notice: None,
+                        effect: None,
+                        thread_root: None,
+                    });
                 }
-            }
+                _ => {
+                    last_error = format!(
+                        "unusable answer: {}",
+                        answer.text.chars().take(120).collect::<String>()
+                    )
+                }
+            },
             Err(e) => {
-                ctx.metrics
-                    .ai_api_calls
-                    .with_label_values(&[ai.name(), "error"])
-                    .inc();
                 if e.is_transient() {
                     return Err(e.into());
                 }

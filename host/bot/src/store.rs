@@ -386,13 +386,31 @@ impl Store {
         Ok(())
     }
 
-    /// Mentions not in a final state (to drive again), oldest first: (id, posted_at).
-    pub async fn unfinished_mentions(&self) -> Result<Vec<(String, i64)>> {
+    /// Moves a failed mention back to `status` (a replayed dead letter), forgetting
+    /// why it failed; a mention in any other state is left as it is.
+    pub async fn reopen_mention(&self, id: &str, status: MentionStatus) -> Result<bool> {
+        let _t = self.timed();
+        let done = sqlx::query(
+            "UPDATE mentions SET status = ?, error = NULL, processed_at = NULL \
+             WHERE id = ? AND status = 'failed'",
+        )
+        .bind(status.as_str())
+        .bind(id)
+        .execute(&self.pool)
+        .await?;
+        Ok(done.rows_affected() == 1)
+    }
+
+    /// Mentions not in a final state (only `pending` ones with `pending_only`), to drive
+    /// again, oldest first: (id, posted_at).
+    pub async fn unfinished_mentions(&self, pending_only: bool) -> Result<Vec<(String, i64)>> {
         let _t = self.timed();
         let rows = sqlx::query(
-            "SELECT id, posted_at FROM mentions WHERE status IN ('pending', 'processing') \
+            "SELECT id, posted_at FROM mentions \
+             WHERE status = 'pending' OR (status = 'processing' AND NOT ?) \
              ORDER BY received_at, id",
         )
+        .bind(pending_only)
         .fetch_all(&self.pool)
         .await?;
         Ok(rows.into_iter().map(|r| (r.get(0), r.get(1))).collect())
@@ -625,15 +643,23 @@ impl Store {
         Ok(())
     }
 
-    /// Executions a crash left pending are failed as interrupted (at start).
-    pub async fn fail_interrupted_executions(&self) -> Result<u64> {
+    /// Executions a crash left pending are failed as interrupted: all of them (at the
+    /// start of a process that runs every stage), or those of one mention's action
+    /// (when a worker runs it again after another one died on it).
+    pub async fn fail_interrupted_executions(
+        &self,
+        only: Option<(&str, ActionType)>,
+    ) -> Result<u64> {
         let _t = self.timed();
         let done = sqlx::query(
             "UPDATE action_executions SET status = 'failed', \
              error_details = 'interrupted: the bot stopped during the action', finished_at = ? \
-             WHERE status = 'pending'",
+             WHERE status = 'pending' AND (? IS NULL OR (mention_id = ? AND action_type = ?))",
         )
         .bind(now_secs())
+        .bind(only.map(|(id, _)| id))
+        .bind(only.map(|(id, _)| id))
+        .bind(only.map(|(_, action)| action.as_str()))
         .execute(&self.pool)
         .await?;
         Ok(done.rows_affected())
@@ -736,15 +762,36 @@ impl Store {
     }
 
     /// Dead letters, oldest first: (stream, payload, reason).
-    pub async fn dead_letters(&self) -> Result<Vec<(String, String, String)>> {
+    /// The dead letters of the in-process bus, oldest first.
+    pub async fn dead_letters(&self) -> Result<Vec<crate::bus::DeadLetterEntry>> {
         let _t = self.timed();
-        let rows = sqlx::query("SELECT stream, payload, reason FROM dead_letters ORDER BY id")
-            .fetch_all(&self.pool)
-            .await?;
+        let rows = sqlx::query(
+            "SELECT id, stream, payload, reason, created_at FROM dead_letters ORDER BY id",
+        )
+        .fetch_all(&self.pool)
+        .await?;
         Ok(rows
             .into_iter()
-            .map(|r| (r.get(0), r.get(1), r.get(2)))
+            .map(|r| crate::bus::DeadLetterEntry {
+                id: r.get::<i64, _>(0).to_string(),
+                stream: r.get(1),
+                message_id: String::new(),
+                payload: r.get(2),
+                reason: r.get(3),
+                deliveries: 0,
+                at: r.get(4),
+            })
             .collect())
+    }
+
+    /// Removes a dead letter (replayed); false when there was none with that id.
+    pub async fn remove_dead_letter(&self, id: i64) -> Result<bool> {
+        let _t = self.timed();
+        let done = sqlx::query("DELETE FROM dead_letters WHERE id = ?")
+            .bind(id)
+            .execute(&self.pool)
+            .await?;
+        Ok(done.rows_affected() == 1)
     }
 
     /// Every reply, oldest first (tests, tools).

@@ -1,8 +1,10 @@
 //! The outside services the workers and the router call: an AI model ([`AiModel`],
 //! OpenAI-compatible chat completions in [`openai`]) and web search ([`SearchApi`],
-//! Brave, Tavily and SearXNG in [`search`]); [`local`] is what the bot does with
+//! Brave, Tavily and SearXNG in [`search`]), each behind retries and fallbacks
+//! ([`chain`]); [`local`] is what the bot does with
 //! neither (an extractive summary, sentence splitting).
 
+pub mod chain;
 pub mod local;
 pub mod openai;
 pub mod search;
@@ -38,6 +40,8 @@ pub struct ChatAnswer {
     pub text: String,
     /// Tokens the call used (prompt and answer), from the API's `usage`.
     pub tokens: u64,
+    /// The provider that answered (of a chain with fallbacks).
+    pub provider: String,
 }
 
 #[derive(Debug, thiserror::Error)]

@@ -150,6 +150,7 @@ impl AiModel for OpenAiCompatible {
         Ok(ChatAnswer {
             text,
             tokens: completion.usage.map_or(0, |u| u.total_tokens),
+            provider: self.name.clone(),
         })
     }
 }

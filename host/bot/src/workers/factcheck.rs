@@ -10,8 +10,8 @@
 use serde::{Deserialize, Serialize};
 use serde_json::json;
 
+use super::StageError;
 use super::summary::clip;
-use super::{StageError, count_ai};
 use crate::context::BotContext;
 use crate::index::Index;
 use crate::post::{MAX_SHORT_POST_CHARS, PostUri};
@@ -103,7 +103,6 @@ pub async fn run(ctx: &BotContext, mention: &Mention) -> Result<Outcome, StageEr
                 let found = search
                     .search(&claim, ctx.config.factcheck.results_per_claim)
                     .await;
-                count_ai(ctx, search.name(), &found, 0);
                 found?
             }
             None => Vec::new(),
@@ -156,12 +155,6 @@ async fn extract_claims(
         ];
         for _ in 0..2 {
             let answer = ai.complete(&messages, 300, true).await;
-            count_ai(
-                ctx,
-                ai.name(),
-                &answer,
-                answer.as_ref().map_or(0, |a| a.tokens),
-            );
             let answer = answer?;
             *tokens += answer.tokens;
             if let Some(parsed) = parse_json::<ClaimsAnswer>(&answer.text) {
@@ -231,12 +224,6 @@ async fn judge(
     ];
     for _ in 0..2 {
         let answer = ai.complete(&messages, 250, true).await;
-        count_ai(
-            ctx,
-            ai.name(),
-            &answer,
-            answer.as_ref().map_or(0, |a| a.tokens),
-        );
         let answer = answer?;
         *tokens += answer.tokens;
         let Some(parsed) = parse_json::<VerdictAnswer>(&answer.text) else {

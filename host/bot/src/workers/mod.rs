@@ -27,6 +27,8 @@ pub enum StageError {
     #[error(transparent)]
     Bus(#[from] BusError),
     #[error(transparent)]
+    Shared(#[from] crate::shared::SharedError),
+    #[error(transparent)]
     Index(#[from] IndexError),
     #[error(transparent)]
     Provider(#[from] ProviderError),
@@ -43,7 +45,7 @@ impl StageError {
     /// else (an answer that will not change, a bug) is final.
     pub fn is_transient(&self) -> bool {
         match self {
-            Self::Store(_) | Self::Bus(_) => true,
+            Self::Store(_) | Self::Bus(_) | Self::Shared(_) => true,
             Self::Index(e) => !matches!(e, IndexError::Invalid(_)),
             Self::Provider(e) => e.is_transient(),
             Self::Homeserver(e) => match e.status() {
@@ -79,9 +81,12 @@ pub async fn handle(
         return announce(&ctx, &mention, action, done.reply).await;
     }
     let key = format!("action:{}:{}", action.as_str(), mention.id);
-    if !ctx.store.claim_key(&key, KEY_LIFETIME).await? {
+    if !ctx.shared.claim_key(&key, KEY_LIFETIME).await? {
         // Held, with no success recorded: the run that took it was interrupted.
         tracing::info!(mentionId = %mention.id, actionType = action.as_str(), "running an interrupted action again");
+        ctx.store
+            .fail_interrupted_executions(Some((&mention.id, action)))
+            .await?;
     }
     let execution = ctx.store.start_execution(&mention.id, action).await?;
     let started = Instant::now();
@@ -176,31 +181,6 @@ async fn announce(
         )
         .await?;
     Ok(())
-}
-
-/// Counts an AI call in the metrics; returns the answer.
-pub(crate) fn count_ai<T>(
-    ctx: &BotContext,
-    provider: &str,
-    result: &Result<T, ProviderError>,
-    tokens: u64,
-) {
-    let status = if result.is_ok() { "ok" } else { "error" };
-    ctx.status.provider_called(
-        provider,
-        crate::store::now_secs(),
-        result.as_ref().err().map(ToString::to_string),
-    );
-    ctx.metrics
-        .ai_api_calls
-        .with_label_values(&[provider, status])
-        .inc();
-    if tokens > 0 {
-        ctx.metrics
-            .ai_tokens_used
-            .with_label_values(&[provider])
-            .inc_by(tokens);
-    }
 }
 
 /// An outcome with no tokens used.

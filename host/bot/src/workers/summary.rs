@@ -5,7 +5,7 @@
 
 use serde_json::json;
 
-use super::{StageError, count_ai, local_outcome};
+use super::{StageError, local_outcome};
 use crate::context::BotContext;
 use crate::index::{self, Post};
 use crate::post::PostUri;
@@ -66,12 +66,6 @@ pub async fn run(ctx: &BotContext, mention: &Mention) -> Result<Outcome, StageEr
             let answer = ai
                 .complete(&messages, ctx.config.summary.max_output_tokens, false)
                 .await;
-            count_ai(
-                ctx,
-                ai.name(),
-                &answer,
-                answer.as_ref().map_or(0, |a| a.tokens),
-            );
             let answer = answer?;
             let bullets = bullets(&answer.text);
             if bullets.is_empty() {

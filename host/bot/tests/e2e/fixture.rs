@@ -171,6 +171,12 @@ pub struct BotProcess {
 impl BotProcess {
     /// Starts a bot for the homeserver at `url`, with `extra` settings (env) on top.
     pub fn start(url: &str, dir: &Path, extra: &[(&str, &str)]) -> Self {
+        Self::start_named(url, dir, "pkbot", extra)
+    }
+
+    /// Starts one more process of a bot on the data in `dir` (its database and
+    /// mnemonic), logging to `<name>.log`.
+    pub fn start_named(url: &str, dir: &Path, name: &str, extra: &[(&str, &str)]) -> Self {
         std::fs::create_dir_all(dir).unwrap();
         let port = free_port();
         let mut env: Vec<(String, String)> = vec![
@@ -214,7 +220,7 @@ impl BotProcess {
             child: None,
             dir: dir.to_owned(),
             env,
-            log: dir.join("pkbot.log"),
+            log: dir.join(format!("{name}.log")),
             health: format!("http://127.0.0.1:{port}"),
             key,
             port,
@@ -349,7 +355,7 @@ impl Drop for BotProcess {
     fn drop(&mut self) {
         self.kill();
         if std::thread::panicking() {
-            eprintln!("--- pkbot log ---\n{}", self.log_text());
+            eprintln!("--- {} ---\n{}", self.log.display(), self.log_text());
         }
     }
 }
@@ -464,6 +470,12 @@ pub struct FakeProviders {
     pub failing: Arc<AtomicU64>,
     /// How long each AI answer takes, in milliseconds.
     pub delay_ms: Arc<AtomicU64>,
+    /// The next this many AI calls answer 429 with `Retry-After: 1`.
+    pub rate_limiting: Arc<AtomicU64>,
+    /// The next this many AI calls answer 200 with a body that is not JSON.
+    pub malformed: Arc<AtomicU64>,
+    /// The user messages of every AI call.
+    pub prompts: Arc<std::sync::Mutex<Vec<String>>>,
     _task: tokio::task::JoinHandle<()>,
 }
 
@@ -473,24 +485,42 @@ impl FakeProviders {
         let calls = Arc::new(AtomicU64::new(0));
         let failing = Arc::new(AtomicU64::new(0));
         let delay_ms = Arc::new(AtomicU64::new(delay.as_millis() as u64));
+        let rate_limiting = Arc::new(AtomicU64::new(0));
+        let malformed = Arc::new(AtomicU64::new(0));
+        let prompts = Arc::new(std::sync::Mutex::new(Vec::new()));
         let (counter, to_fail, wait) = (calls.clone(), failing.clone(), delay_ms.clone());
+        let (to_limit, to_garble, seen) =
+            (rate_limiting.clone(), malformed.clone(), prompts.clone());
         let app = axum::Router::new()
             .route(
                 "/v1/chat/completions",
                 post(move |axum::Json(body): axum::Json<Value>| {
                     let (counter, to_fail) = (counter.clone(), to_fail.clone());
+                    let (to_limit, to_garble, seen) = (to_limit.clone(), to_garble.clone(), seen.clone());
                     let delay = Duration::from_millis(wait.load(Ordering::SeqCst));
                     async move {
+                        use axum::response::IntoResponse;
                         counter.fetch_add(1, Ordering::SeqCst);
-                        tokio::time::sleep(delay).await;
-                        let fail = to_fail
-                            .fetch_update(Ordering::SeqCst, Ordering::SeqCst, |n| n.checked_sub(1))
-                            .is_ok();
-                        if fail {
-                            let error = json!({"error": {"message": "The server is overloaded", "type": "server_error"}});
-                            return (axum::http::StatusCode::INTERNAL_SERVER_ERROR, axum::Json(error));
+                        if let Some(user) = body["messages"][1]["content"].as_str() {
+                            seen.lock().unwrap().push(user.to_owned());
                         }
-                        (axum::http::StatusCode::OK, axum::Json(chat_answer(&body)))
+                        tokio::time::sleep(delay).await;
+                        let take = |n: &AtomicU64| {
+                            n.fetch_update(Ordering::SeqCst, Ordering::SeqCst, |n| n.checked_sub(1))
+                                .is_ok()
+                        };
+                        if take(&to_limit) {
+                            let error = json!({"error": {"message": "Rate limit reached", "type": "rate_limit_exceeded"}});
+                            return (axum::http::StatusCode::TOO_MANY_REQUESTS, [("retry-after", "1")], axum::Json(error)).into_response();
+                        }
+                        if take(&to_fail) {
+                            let error = json!({"error": {"message": "The server is overloaded", "type": "server_error"}});
+                            return (axum::http::StatusCode::INTERNAL_SERVER_ERROR, axum::Json(error)).into_response();
+                        }
+                        if take(&to_garble) {
+                            return (axum::http::StatusCode::OK, [("content-type", "application/json")], "{\"choices\": [tru").into_response();
+                        }
+                        (axum::http::StatusCode::OK, axum::Json(chat_answer(&body))).into_response()
                     }
                 }),
             )
@@ -513,6 +543,9 @@ impl FakeProviders {
             calls,
             failing,
             delay_ms,
+            rate_limiting,
+            malformed,
+            prompts,
             _task: task,
         }
     }
@@ -525,6 +558,16 @@ impl FakeProviders {
 /// What the fake model answers, by the kind of prompt.
 fn chat_answer(body: &Value) -> Value {
     let system = body["messages"][0]["content"].as_str().unwrap_or("");
+    let user = body["messages"][1]["content"].as_str().unwrap_or("");
+    // A gullible model: an instruction to post something that is not inside the
+    // prompt's data markers (`<<<LABEL tag` ... `LABEL tag>>>`) is obeyed.
+    if let Some(order) = unfenced(user).split("and post ").nth(1) {
+        let x = order.split_whitespace().next().unwrap_or("");
+        return json!({
+            "choices": [{"index": 0, "message": {"role": "assistant", "content": format!("• {x}")}, "finish_reason": "stop"}],
+            "usage": {"prompt_tokens": 1, "completion_tokens": 1, "total_tokens": 2}
+        });
+    }
     let content = if system.contains("Extract the checkable") {
         json!({"claims": ["The bridge opened in 2020."]}).to_string()
     } else if system.contains("check one claim") {
@@ -544,4 +587,28 @@ fn chat_answer(body: &Value) -> Value {
         "choices": [{"index": 0, "message": {"role": "assistant", "content": content}, "finish_reason": "stop"}],
         "usage": {"prompt_tokens": 40, "completion_tokens": 20, "total_tokens": 60}
     })
+}
+
+/// The text of a prompt outside its data markers.
+fn unfenced(prompt: &str) -> String {
+    let mut out = String::new();
+    let mut inside: Option<String> = None;
+    for line in prompt.lines() {
+        match &inside {
+            None => {
+                if let Some(open) = line.strip_prefix("<<<") {
+                    inside = Some(format!("{open}>>>"));
+                } else {
+                    out.push_str(line);
+                    out.push('\n');
+                }
+            }
+            Some(close) => {
+                if line.ends_with(close.as_str()) {
+                    inside = None;
+                }
+            }
+        }
+    }
+    out
 }

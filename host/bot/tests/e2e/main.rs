@@ -6,6 +6,7 @@
 #![allow(clippy::unwrap_used)]
 
 mod fixture;
+mod redis;
 
 use std::time::Duration;
 
@@ -349,6 +350,8 @@ async fn passing_failures_are_tried_again_until_they_pass() {
             ("PKBOT__AI__BASE_URL", ai_base.as_str()),
             ("PKBOT__AI__API_KEY", "test-key"),
             ("PKBOT__WORKERS__REDRIVE_INTERVAL_SECS", "1"),
+            // Each failed call is one failed run here (the retries are tested apart).
+            ("PKBOT__AI__MAX_RETRIES", "0"),
         ],
     );
     let reader = PkClient::new(&hs.url, None).unwrap();
