@@ -525,8 +525,21 @@ impl FakeProviders {
                 }),
             )
             .route(
-                "/search",
+                "/res/v1/web/search",
                 get(|| async {
+                    axum::Json(json!({"web": {"results": [
+                        {"title": "Bridge history", "url": "https://example.org/bridge", "description": "The bridge opened in 2020."}
+                    ]}}))
+                }),
+            )
+            .route(
+                "/search",
+                post(|| async {
+                    axum::Json(json!({"query": "q", "results": [
+                        {"title": "Bridge history", "url": "https://example.org/bridge", "content": "The bridge opened in 2020.", "score": 0.9}
+                    ]}))
+                })
+                .get(|| async {
                     axum::Json(json!({"results": [
                         {"title": "Bridge history", "url": "https://example.org/bridge", "content": "The bridge opened in 2020."},
                         {"title": "City news", "url": "https://news.example/bridge-2020", "content": "Opened 2020, on budget."}
