@@ -311,19 +311,21 @@ fn providers(config: &BotConfig, metrics: &Arc<Metrics>, status: &Arc<StatusBoar
     let mut names = Vec::new();
     let ai = config.ai.enabled().then(|| {
         let timeout = Duration::from_secs(config.ai.timeout_secs);
-        let mut members: Vec<Arc<dyn AiModel>> = vec![Arc::new(OpenAiCompatible::new(
-            config.ai.base(),
-            &config.ai.api_key,
-            &config.ai.model,
-            timeout,
-        ))];
-        for f in &config.ai.fallbacks {
-            members.push(Arc::new(OpenAiCompatible::new(
-                &f.base_url,
-                &f.api_key,
-                &f.model,
+        let schemas = config.ai.json_mode == "json_schema";
+        let mut members: Vec<Arc<dyn AiModel>> = vec![Arc::new(
+            OpenAiCompatible::new(
+                config.ai.base(),
+                &config.ai.api_key,
+                &config.ai.model,
                 timeout,
-            )));
+            )
+            .sending_schemas(schemas),
+        )];
+        for f in &config.ai.fallbacks {
+            members.push(Arc::new(
+                OpenAiCompatible::new(&f.base_url, &f.api_key, &f.model, timeout)
+                    .sending_schemas(schemas),
+            ));
         }
         names.extend(members.iter().map(|m| m.name().to_owned()));
         let retry = Retry {

@@ -212,6 +212,8 @@ pub struct AiConfig {
     pub max_retry_wait_secs: u64,
     /// Providers tried in order when the one before fails (after its retries).
     pub fallbacks: Vec<AiFallback>,
+    /// How JSON answers are asked for: "json_object" or "json_schema".
+    pub json_mode: String,
 }
 
 /// A fallback AI provider.
@@ -250,6 +252,7 @@ impl std::fmt::Debug for AiConfig {
             .field("max_retries", &self.max_retries)
             .field("max_retry_wait_secs", &self.max_retry_wait_secs)
             .field("fallbacks", &self.fallbacks)
+            .field("json_mode", &self.json_mode)
             .finish()
     }
 }
@@ -491,6 +494,12 @@ impl BotConfig {
                      with a base_url), got `{other}`"
                 )),
             }
+        }
+        if !matches!(self.ai.json_mode.as_str(), "json_object" | "json_schema") {
+            problems.push(format!(
+                "ai.json_mode must be json_object or json_schema, got `{}`",
+                self.ai.json_mode
+            ));
         }
         for (i, f) in self.ai.fallbacks.iter().enumerate() {
             if f.base_url.is_empty() {

@@ -24,7 +24,7 @@ use crate::context::BotContext;
 use crate::index;
 use crate::poller::KEY_LIFETIME;
 use crate::post::PostUri;
-use crate::providers::{ChatMessage, fenced};
+use crate::providers::{ChatMessage, fenced, schema};
 use crate::store::{ActionType, Effect, Mention, MentionStatus, Method, RoutingDecision};
 use crate::workers::StageError;
 
@@ -356,13 +356,14 @@ async fn ai_classify(
     ];
     let mut last_error = String::new();
     for _ in 0..2 {
-        match ai.complete(&messages, 150, true).await {
-            Ok(answer) => match parse_json::<AiVerdict>(&answer.text) {
-                Some(v) if ActionType::parse(&v.action).is_some() => {
+        match ai.complete(&messages, 150, Some(&schema::ROUTE)).await {
+            Ok(answer) => match schema::ROUTE.parse::<AiVerdict>(&answer.text) {
+                Ok(v) if ActionType::parse(&v.action.to_ascii_lowercase()).is_some() => {
                     return Ok(RoutingDecision {
                         mention_id: mention.id.clone(),
                         method: Method::Llm,
-                        action: ActionType::parse(&v.action).unwrap_or(ActionType::None),
+                        action: ActionType::parse(&v.action.to_ascii_lowercase())
+                            .unwrap_or(ActionType::None),
                         confidence: Some(v.confidence.clamp(0.0, 1.0)),
                         reasoning: if v.reasoning.is_empty() {
                             format!("AI classifier (keywords: {})", candidates.join(", "))
@@ -374,12 +375,8 @@ async fn ai_classify(
                         thread_root: None,
                     });
                 }
-                _ => {
-                    last_error = format!(
-                        "unusable answer: {}",
-                        answer.text.chars().take(120).collect::<String>()
-                    )
-                }
+                Ok(v) => last_error = format!("unknown action `{}`", v.action),
+                Err(e) => last_error = e,
             },
             Err(e) => {
                 if e.is_transient() {
@@ -400,33 +397,4 @@ async fn ai_classify(
         effect: None,
         thread_root: None,
     })
-}
-
-/// A JSON object from a model's answer, also when it is wrapped in a code fence or
-/// surrounded by prose.
-pub fn parse_json<T: serde::de::DeserializeOwned>(text: &str) -> Option<T> {
-    if let Ok(v) = serde_json::from_str(text.trim()) {
-        return Some(v);
-    }
-    let start = text.find('{')?;
-    let end = text.rfind('}')?;
-    serde_json::from_str(text.get(start..=end)?).ok()
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn json_is_found_in_fences_and_prose() {
-        #[derive(Deserialize)]
-        struct A {
-            action: String,
-        }
-        let a: A = parse_json("```json\n{\"action\": \"summary\"}\n```").unwrap();
-        assert_eq!(a.action, "summary");
-        let a: A = parse_json("Sure! {\"action\": \"none\"} Hope it helps").unwrap();
-        assert_eq!(a.action, "none");
-        assert!(parse_json::<A>("no json here").is_none());
-    }
 }

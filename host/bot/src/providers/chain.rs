@@ -123,7 +123,7 @@ impl AiModel for AiChain {
         &self,
         messages: &[ChatMessage],
         max_tokens: u32,
-        json: bool,
+        json: Option<&'static super::AnswerSchema>,
     ) -> Result<ChatAnswer, ProviderError> {
         let (mut answer, provider) = first_success(
             &self.members,
@@ -200,7 +200,7 @@ mod tests {
             &self,
             _: &[ChatMessage],
             _: u32,
-            _: bool,
+            _: Option<&'static crate::providers::AnswerSchema>,
         ) -> Result<ChatAnswer, ProviderError> {
             self.calls.fetch_add(1, Ordering::SeqCst);
             match self.errors.lock().unwrap().pop() {
@@ -252,7 +252,7 @@ mod tests {
         let a = model("a", vec![failed("a"), failed("a")]);
         let (log, seen) = log();
         let chain = AiChain::new(vec![a.clone()], RETRY, log);
-        let answer = chain.complete(&[], 10, false).await.unwrap();
+        let answer = chain.complete(&[], 10, None).await.unwrap();
         assert_eq!(
             (answer.text.as_str(), answer.provider.as_str()),
             ("from a", "a")
@@ -273,7 +273,7 @@ mod tests {
         let c = model("c", vec![]);
         let (log, seen) = log();
         let chain = AiChain::new(vec![a.clone(), b.clone(), c.clone()], RETRY, log);
-        let answer = chain.complete(&[], 10, false).await.unwrap();
+        let answer = chain.complete(&[], 10, None).await.unwrap();
         assert_eq!(answer.provider, "c");
         assert_eq!(a.calls.load(Ordering::SeqCst), 3, "1 + 2 retries");
         assert_eq!(
@@ -296,7 +296,7 @@ mod tests {
         let b = model("b", vec![failed("b"), failed("b"), failed("b")]);
         let (log, _) = log();
         let chain = AiChain::new(vec![a.clone(), b], RETRY, log);
-        let e = chain.complete(&[], 10, false).await.unwrap_err();
+        let e = chain.complete(&[], 10, None).await.unwrap_err();
         assert!(e.to_string().starts_with("b failed"), "{e}");
         assert!(e.is_transient());
         assert_eq!(a.calls.load(Ordering::SeqCst), 1);

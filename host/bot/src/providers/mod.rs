@@ -7,7 +7,10 @@
 pub mod chain;
 pub mod local;
 pub mod openai;
+pub mod schema;
 pub mod search;
+
+pub use schema::AnswerSchema;
 
 use async_trait::async_trait;
 
@@ -71,12 +74,13 @@ pub trait AiModel: Send + Sync {
     /// The provider's name, for metrics and logs (`aiProvider`).
     fn name(&self) -> &str;
 
-    /// One completion; `json` asks for a JSON object answer.
+    /// One completion; `json` asks for a JSON object answer of that schema (the
+    /// caller checks it: `AnswerSchema::parse`).
     async fn complete(
         &self,
         messages: &[ChatMessage],
         max_tokens: u32,
-        json: bool,
+        json: Option<&'static AnswerSchema>,
     ) -> Result<ChatAnswer, ProviderError>;
 }
 

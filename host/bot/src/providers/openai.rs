@@ -1,8 +1,11 @@
 //! An OpenAI-compatible chat-completions client (`POST {base}/chat/completions`):
 //! OpenAI, Groq, OpenRouter, Ollama, vLLM and llama.cpp all speak it. Request:
 //! `{"model", "messages": [{"role", "content"}], "max_tokens", "temperature",
-//! "response_format": {"type": "json_object"}?}`; answer: `{"choices": [{"message":
-//! {"content"}}], "usage": {"total_tokens"}}`.
+//! "response_format"?}`; answer: `{"choices": [{"message": {"content"}}], "usage":
+//! {"total_tokens"}}`. A JSON answer is asked for with `{"type": "json_object"}` (what
+//! every one of them understands), or with `{"type": "json_schema", "json_schema":
+//! {"name", "schema"}}` when the operator sets `ai.json_mode = "json_schema"` (the
+//! provider then constrains its decoding to the schema).
 
 use std::time::Duration;
 
@@ -19,6 +22,8 @@ pub struct OpenAiCompatible {
     api_key: String,
     model: String,
     name: String,
+    /// Send the answer's JSON Schema (`json_schema`) rather than `json_object`.
+    send_schema: bool,
 }
 
 #[derive(Debug, Deserialize)]
@@ -61,7 +66,15 @@ impl OpenAiCompatible {
             api_key: api_key.to_owned(),
             model: model.to_owned(),
             name: host,
+            send_schema: false,
         }
+    }
+
+    /// Asks for JSON answers with their schema (`json_schema`) rather than
+    /// `json_object`.
+    pub fn sending_schemas(mut self, yes: bool) -> Self {
+        self.send_schema = yes;
+        self
     }
 
     fn failed(&self, message: impl Into<String>) -> ProviderError {
@@ -82,7 +95,7 @@ impl AiModel for OpenAiCompatible {
         &self,
         messages: &[ChatMessage],
         max_tokens: u32,
-        json: bool,
+        json: Option<&'static super::AnswerSchema>,
     ) -> Result<ChatAnswer, ProviderError> {
         let mut body = json!({
             "model": self.model,
@@ -93,8 +106,15 @@ impl AiModel for OpenAiCompatible {
             "max_tokens": max_tokens,
             "temperature": 0.2,
         });
-        if json {
-            body["response_format"] = json!({"type": "json_object"});
+        match json {
+            Some(schema) if self.send_schema => {
+                body["response_format"] = json!({
+                    "type": "json_schema",
+                    "json_schema": {"name": schema.name, "schema": *schema.schema, "strict": false},
+                });
+            }
+            Some(_) => body["response_format"] = json!({"type": "json_object"}),
+            None => {}
         }
         let mut request = self.http.post(&self.endpoint).json(&body);
         if !self.api_key.is_empty() {

@@ -15,8 +15,7 @@ use super::summary::clip;
 use crate::context::BotContext;
 use crate::index::Index;
 use crate::post::{MAX_SHORT_POST_CHARS, PostUri};
-use crate::providers::{ChatMessage, SearchResult, fenced, local};
-use crate::router::parse_json;
+use crate::providers::{ChatMessage, SearchResult, fenced, local, schema};
 use crate::store::{Mention, Outcome};
 
 /// The spec's verdicts.
@@ -153,23 +152,27 @@ async fn extract_claims(
             ChatMessage::system(CLAIMS_PROMPT),
             ChatMessage::user(fenced("POST", text)),
         ];
+        // A malformed answer is asked for once more; then the action fails cleanly.
+        let mut problem = String::new();
         for _ in 0..2 {
-            let answer = ai.complete(&messages, 300, true).await;
-            let answer = answer?;
+            let answer = ai.complete(&messages, 300, Some(&schema::CLAIMS)).await?;
             *tokens += answer.tokens;
-            if let Some(parsed) = parse_json::<ClaimsAnswer>(&answer.text) {
-                return Ok(parsed
-                    .claims
-                    .into_iter()
-                    .map(|c| c.trim().to_owned())
-                    .filter(|c| !c.is_empty())
-                    .take(max)
-                    .collect());
+            match schema::CLAIMS.parse::<ClaimsAnswer>(&answer.text) {
+                Ok(parsed) => {
+                    return Ok(parsed
+                        .claims
+                        .into_iter()
+                        .map(|c| c.trim().to_owned())
+                        .filter(|c| !c.is_empty())
+                        .take(max)
+                        .collect());
+                }
+                Err(e) => problem = e,
             }
         }
-        return Err(StageError::Other(
-            "the AI model gave no usable list of claims (twice)".into(),
-        ));
+        return Err(StageError::Other(format!(
+            "the AI model gave no usable list of claims (twice): {problem}"
+        )));
     }
     // Local mode: the post's statements (sentences that are not questions).
     Ok(local::sentences(text)
@@ -222,14 +225,19 @@ async fn judge(
             fenced("RESULTS", &listing)
         )),
     ];
+    let mut problem = String::new();
     for _ in 0..2 {
-        let answer = ai.complete(&messages, 250, true).await;
-        let answer = answer?;
+        let answer = ai.complete(&messages, 250, Some(&schema::VERDICT)).await?;
         *tokens += answer.tokens;
-        let Some(parsed) = parse_json::<VerdictAnswer>(&answer.text) else {
-            continue;
+        let parsed = match schema::VERDICT.parse::<VerdictAnswer>(&answer.text) {
+            Ok(parsed) => parsed,
+            Err(e) => {
+                problem = e;
+                continue;
+            }
         };
         let Some(verdict) = Verdict::parse(&parsed.verdict) else {
+            problem = format!("unknown verdict `{}`", parsed.verdict);
             continue;
         };
         // Only what search returned may be cited.
@@ -250,9 +258,9 @@ async fn judge(
             sources,
         });
     }
-    Err(StageError::Other(
-        "the AI model gave no usable verdict (twice)".into(),
-    ))
+    Err(StageError::Other(format!(
+        "the AI model gave no usable verdict (twice): {problem}"
+    )))
 }
 
 /// The overall verdict and how sure it is.

@@ -64,7 +64,7 @@ pub async fn run(ctx: &BotContext, mention: &Mention) -> Result<Outcome, StageEr
                 ChatMessage::user(fenced("THREAD", &transcript)),
             ];
             let answer = ai
-                .complete(&messages, ctx.config.summary.max_output_tokens, false)
+                .complete(&messages, ctx.config.summary.max_output_tokens, None)
                 .await;
             let answer = answer?;
             let bullets = bullets(&answer.text);

@@ -476,6 +476,10 @@ pub struct FakeProviders {
     pub malformed: Arc<AtomicU64>,
     /// The user messages of every AI call.
     pub prompts: Arc<std::sync::Mutex<Vec<String>>>,
+    /// What each AI call asked for: `text`, `json_object` or `json_schema:<name>`.
+    pub formats: Arc<std::sync::Mutex<Vec<String>>>,
+    /// The next this many AI calls answer a JSON object of no expected shape.
+    pub off_schema: Arc<AtomicU64>,
     _task: tokio::task::JoinHandle<()>,
 }
 
@@ -488,6 +492,9 @@ impl FakeProviders {
         let rate_limiting = Arc::new(AtomicU64::new(0));
         let malformed = Arc::new(AtomicU64::new(0));
         let prompts = Arc::new(std::sync::Mutex::new(Vec::new()));
+        let formats = Arc::new(std::sync::Mutex::new(Vec::new()));
+        let off_schema = Arc::new(AtomicU64::new(0));
+        let (asked, to_stray) = (formats.clone(), off_schema.clone());
         let (counter, to_fail, wait) = (calls.clone(), failing.clone(), delay_ms.clone());
         let (to_limit, to_garble, seen) =
             (rate_limiting.clone(), malformed.clone(), prompts.clone());
@@ -497,6 +504,7 @@ impl FakeProviders {
                 post(move |axum::Json(body): axum::Json<Value>| {
                     let (counter, to_fail) = (counter.clone(), to_fail.clone());
                     let (to_limit, to_garble, seen) = (to_limit.clone(), to_garble.clone(), seen.clone());
+                    let (asked, to_stray) = (asked.clone(), to_stray.clone());
                     let delay = Duration::from_millis(wait.load(Ordering::SeqCst));
                     async move {
                         use axum::response::IntoResponse;
@@ -504,6 +512,15 @@ impl FakeProviders {
                         if let Some(user) = body["messages"][1]["content"].as_str() {
                             seen.lock().unwrap().push(user.to_owned());
                         }
+                        let format = &body["response_format"];
+                        asked.lock().unwrap().push(match format["type"].as_str() {
+                            None => "text".to_owned(),
+                            Some("json_schema") => format!(
+                                "json_schema:{}",
+                                format["json_schema"]["name"].as_str().unwrap_or("")
+                            ),
+                            Some(other) => other.to_owned(),
+                        });
                         tokio::time::sleep(delay).await;
                         let take = |n: &AtomicU64| {
                             n.fetch_update(Ordering::SeqCst, Ordering::SeqCst, |n| n.checked_sub(1))
@@ -516,6 +533,11 @@ impl FakeProviders {
                         if take(&to_fail) {
                             let error = json!({"error": {"message": "The server is overloaded", "type": "server_error"}});
                             return (axum::http::StatusCode::INTERNAL_SERVER_ERROR, axum::Json(error)).into_response();
+                        }
+                        if take(&to_stray) {
+                            let mut answer = chat_answer(&body);
+                            answer["choices"][0]["message"]["content"] = json!("{\"unexpected\": true}");
+                            return (axum::http::StatusCode::OK, axum::Json(answer)).into_response();
                         }
                         if take(&to_garble) {
                             return (axum::http::StatusCode::OK, [("content-type", "application/json")], "{\"choices\": [tru").into_response();
@@ -559,6 +581,8 @@ impl FakeProviders {
             rate_limiting,
             malformed,
             prompts,
+            formats,
+            off_schema,
             _task: task,
         }
     }

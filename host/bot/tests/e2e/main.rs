@@ -602,6 +602,7 @@ async fn provider_faults_are_retried_or_fall_back_and_injections_stay_data() {
 [ai]
 base_url = "{}/v1"
 max_retries = 2
+json_mode = "json_schema"
 fallbacks = [{{ base_url = "http://localhost:{}/v1", model = "second" }}]
 
 [search]
@@ -688,6 +689,28 @@ fallbacks = [{{ provider = "tavily", base_url = "{}", api_key = "tavily-key" }}]
             .any(|l| l == "bot_ai_api_calls_total{provider=\"brave\",status=\"error\"} 2"),
         "brave tried once and retried once:\n{text}"
     );
+
+    // JSON answers were asked for with their schema.
+    let formats = primary.formats.lock().unwrap().clone();
+    for asked in ["json_schema:claims", "json_schema:verdict", "text"] {
+        assert!(
+            formats.iter().any(|f| f == asked),
+            "{asked} not in {formats:?}"
+        );
+    }
+    // An answer of the wrong shape is asked for once more, then the action fails
+    // with the reason (nothing is posted).
+    primary.off_schema.store(2, SeqCst);
+    let other = alice.post("The tunnel opened in 2021.", None).await;
+    let mention = bob
+        .post(&format!("verify this {handle}"), Some(&other))
+        .await;
+    let (status, error) = bot.finished(&mention).await;
+    assert_eq!(status, "failed");
+    let error = error.unwrap_or_default();
+    assert!(error.contains("claims schema"), "{error}");
+    assert!(replies_to(&reader, bot.key, &mention).await.is_empty());
+    assert_eq!(primary.off_schema.load(SeqCst), 0);
 
     // A prompt injection in the thread: the model reads it (as data), the bot does not
     // post it.

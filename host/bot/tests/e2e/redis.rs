@@ -346,3 +346,125 @@ async fn the_standby_takes_over_when_the_leader_is_killed() {
         .await;
     assert_eq!(received, 8, "no mention missed or recorded twice");
 }
+
+/// The issue's load test: `BOT_LOAD_MENTIONS` mentions (200 by default; the figures in
+/// docs/BENCHMARKS.md are from 1,000), half summaries and half fact-checks, through a
+/// leader with a standby and two workers of each type, while a summary worker and the
+/// leader are killed with kill -9 and the AI API fails now and then. Every mention
+/// gets exactly one reply; throughput and mention-to-reply latency are printed (never
+/// asserted).
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn load_every_mention_one_reply_while_processes_are_killed() {
+    let test = "load";
+    let Some(bin) = homeserver_binary_or_skip(test) else {
+        return;
+    };
+    let Some(prefix) = redis_or_skip(test).await else {
+        return;
+    };
+    let total: usize = std::env::var("BOT_LOAD_MENTIONS")
+        .ok()
+        .and_then(|n| n.parse().ok())
+        .unwrap_or(200);
+    let dir = tempfile::tempdir().unwrap();
+    let hs = Homeserver::start(&bin, &dir.path().join("hs"));
+    let fake = FakeProviders::start(Duration::from_millis(20)).await;
+    let mut env = shared_env(&prefix, &format!("{}/v1", fake.base()));
+    env.push(("PKBOT__SEARCH__PROVIDER".into(), "searxng".into()));
+    env.push(("PKBOT__SEARCH__BASE_URL".into(), fake.base()));
+    env.push(("PKBOT__AI__MAX_RETRIES".into(), "2".into()));
+    env.push(("PKBOT__BUS__MAX_DELIVERIES".into(), "10".into()));
+    let data = dir.path().join("bot");
+    let mut leader = start(&hs.url, &data, "leader-1", &env, &[]);
+    eventually("the leader leads", || async {
+        role(&leader).await == "leader"
+    })
+    .await;
+    let standby = start(&hs.url, &data, "leader-2", &env, &[]);
+    let worker =
+        |name: &str, kind: &str| start(&hs.url, &data, name, &env, &[("WORKER_TYPE", kind)]);
+    let mut s1 = worker("summary-1", "summary");
+    let _s2 = worker("summary-2", "summary");
+    let _f1 = worker("factcheck-1", "factcheck");
+    let _f2 = worker("factcheck-2", "factcheck");
+    let reader = PkClient::new(&hs.url, None).unwrap();
+    let handle = format!("pk:{}", leader.key);
+    let bot_key = leader.key;
+    let users: Vec<User> =
+        futures_util::future::join_all((0..10).map(|_| User::new(&hs.url))).await;
+    let roots: Vec<_> = futures_util::future::join_all(
+        users
+            .iter()
+            .map(|u| u.post("The bridge opened in 2020.", None)),
+    )
+    .await;
+
+    let started = Instant::now();
+    fake.failing.store(20, std::sync::atomic::Ordering::SeqCst);
+    let mut mentions = Vec::with_capacity(total);
+    for batch in (0..total).collect::<Vec<_>>().chunks(10) {
+        let posted = futures_util::future::join_all(batch.iter().map(|&i| {
+            let (user, root) = (&users[i % 10], &roots[i % 10]);
+            let text = if i % 2 == 0 {
+                format!("tl;dr {handle}")
+            } else {
+                format!("verify this {handle}")
+            };
+            async move { user.post(&text, Some(root)).await }
+        }))
+        .await;
+        mentions.extend(posted);
+        if mentions.len() == total / 3 {
+            s1.kill(); // a summary worker dies mid-run
+        }
+        if mentions.len() == total / 2 {
+            leader.kill(); // and the leader: the standby takes over
+        }
+    }
+    let posted_in = started.elapsed();
+    s1.restart();
+
+    // Every mention answered, once.
+    let mut latencies = Vec::with_capacity(total);
+    let deadline = Instant::now() + Duration::from_secs(600);
+    let replies = loop {
+        let replies = posts_of(&reader, bot_key).await;
+        if replies.len() >= total {
+            break replies;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "{} of {total} replies:\n{}",
+            replies.len(),
+            standby.log_text()
+        );
+        tokio::time::sleep(Duration::from_millis(500)).await;
+    };
+    let elapsed = started.elapsed();
+    let mut by_parent = std::collections::HashMap::new();
+    for (uri, post) in &replies {
+        let parent = post.parent.clone().expect("a reply");
+        *by_parent.entry(parent.clone()).or_insert(0) += 1;
+        let mention = pkbot::post::PostUri::parse(&parent).unwrap();
+        latencies.push(uri.timestamp_micros().unwrap() - mention.timestamp_micros().unwrap());
+    }
+    assert_eq!(replies.len(), total, "no doubled reply");
+    for mention in &mentions {
+        assert_eq!(by_parent.get(&mention.to_string()), Some(&1), "{mention}");
+    }
+    latencies.sort_unstable();
+    let pct = |p: f64| {
+        latencies[((latencies.len() as f64 * p) as usize).min(latencies.len() - 1)] as f64 / 1000.0
+    };
+    eprintln!(
+        "LOAD {total} mentions: posted in {:.1} s, all replied in {:.1} s ({:.1} replies/s); \
+         mention-to-reply p50 {:.0} ms, p99 {:.0} ms, max {:.0} ms; AI calls {}",
+        posted_in.as_secs_f64(),
+        elapsed.as_secs_f64(),
+        total as f64 / elapsed.as_secs_f64(),
+        pct(0.50),
+        pct(0.99),
+        pct(1.0),
+        fake.calls.load(std::sync::atomic::Ordering::SeqCst),
+    );
+}
