@@ -128,6 +128,8 @@ pub struct PollerConfig {
 pub struct WorkersConfig {
     pub summary_concurrency: usize,
     pub factcheck_concurrency: usize,
+    /// Replies published at once (by the leader).
+    pub publisher_concurrency: usize,
     /// How often mentions a passing failure left unanswered are tried again.
     pub redrive_interval_secs: u64,
     /// "" (poller, router, publisher), or a worker type (needs the Redis bus).
@@ -443,6 +445,10 @@ impl BotConfig {
             (
                 "workers.factcheck_concurrency",
                 self.workers.factcheck_concurrency as u64,
+            ),
+            (
+                "workers.publisher_concurrency",
+                self.workers.publisher_concurrency as u64,
             ),
             (
                 "workers.redrive_interval_secs",

@@ -137,7 +137,10 @@ pub async fn start(
         tasks,
         stop,
         Topic::ActionCompleted,
-        1,
+        // Replies are reserved per mention in the database first, so publishers running
+        // side by side cannot post twice (the router stays one: the caps count its
+        // decisions in order).
+        ctx.config.workers.publisher_concurrency,
         |ctx, message| async move {
             match message {
                 Message::ActionCompleted(done) => publisher::handle(ctx, done).await,

@@ -15,6 +15,14 @@ use prometheus::Histogram;
 use sqlx::sqlite::{SqliteConnectOptions, SqliteJournalMode, SqlitePoolOptions, SqliteSynchronous};
 use sqlx::{Row, SqlitePool};
 
+/// One change of the embedded index.
+#[derive(Debug, Clone)]
+pub enum IndexChange {
+    Put(IndexedPost),
+    /// A post deleted (by URI).
+    Delete(String),
+}
+
 /// A mention's state (the spec's values).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum MentionStatus {
@@ -819,37 +827,58 @@ impl Store {
 
     /// Stores a post (an edit replaces it and takes a new place in the order, so an
     /// edit that adds a mention is seen).
-    pub async fn index_put(&self, post: &IndexedPost) -> Result<()> {
+    /// Applies a page of the feed (posts written, posts deleted) and moves the
+    /// follower's position past it, in one transaction (one fsync per page, and a
+    /// crash keeps either all of it or none).
+    pub async fn index_apply(
+        &self,
+        changes: &[IndexChange],
+        position_name: &str,
+        position: &str,
+    ) -> Result<()> {
         let _t = self.timed();
         let mut tx = self.pool.begin().await?;
-        sqlx::query("DELETE FROM index_posts WHERE uri = ?")
-            .bind(&post.uri)
-            .execute(&mut *tx)
-            .await?;
+        for change in changes {
+            match change {
+                IndexChange::Put(post) => {
+                    sqlx::query("DELETE FROM index_posts WHERE uri = ?")
+                        .bind(&post.uri)
+                        .execute(&mut *tx)
+                        .await?;
+                    sqlx::query(
+                        "INSERT INTO index_posts (uri, author, post_id, content, kind, \
+                         parent_uri, mentions_bot, indexed_at) VALUES (?, ?, ?, ?, ?, ?, ?, ?)",
+                    )
+                    .bind(&post.uri)
+                    .bind(&post.author)
+                    .bind(&post.post_id)
+                    .bind(&post.content)
+                    .bind(&post.kind)
+                    .bind(&post.parent_uri)
+                    .bind(post.mentions_bot)
+                    .bind(now_secs())
+                    .execute(&mut *tx)
+                    .await?;
+                }
+                IndexChange::Delete(uri) => {
+                    sqlx::query("UPDATE index_posts SET deleted = 1 WHERE uri = ?")
+                        .bind(uri)
+                        .execute(&mut *tx)
+                        .await?;
+                }
+            }
+        }
         sqlx::query(
-            "INSERT INTO index_posts (uri, author, post_id, content, kind, parent_uri, \
-             mentions_bot, indexed_at) VALUES (?, ?, ?, ?, ?, ?, ?, ?)",
+            "INSERT INTO positions (name, position, updated_at) VALUES (?, ?, ?) \
+             ON CONFLICT (name) DO UPDATE SET position = excluded.position, \
+             updated_at = excluded.updated_at",
         )
-        .bind(&post.uri)
-        .bind(&post.author)
-        .bind(&post.post_id)
-        .bind(&post.content)
-        .bind(&post.kind)
-        .bind(&post.parent_uri)
-        .bind(post.mentions_bot)
+        .bind(position_name)
+        .bind(position)
         .bind(now_secs())
         .execute(&mut *tx)
         .await?;
         tx.commit().await?;
-        Ok(())
-    }
-
-    pub async fn index_delete(&self, uri: &str) -> Result<()> {
-        let _t = self.timed();
-        sqlx::query("UPDATE index_posts SET deleted = 1 WHERE uri = ?")
-            .bind(uri)
-            .execute(&self.pool)
-            .await?;
         Ok(())
     }
 

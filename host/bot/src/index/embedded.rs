@@ -7,14 +7,15 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use async_trait::async_trait;
-use homeserver_protocol::event::EventKind;
+use futures_util::StreamExt;
+use homeserver_protocol::event::{Event, EventKind};
 use pk_client::PkClient;
 use tokio::sync::Notify;
 use tokio_util::sync::CancellationToken;
 
 use super::{Index, IndexError, MentionPage, Post};
 use crate::post::{MentionMatcher, POSTS_PREFIX, PostUri, PubkyAppPost};
-use crate::store::{IndexedPost, Store};
+use crate::store::{IndexChange, IndexedPost, Store};
 
 /// Where the follower stopped in the event feed.
 const FEED_POSITION: &str = "index.feed";
@@ -22,6 +23,8 @@ const FEED_POSITION: &str = "index.feed";
 const FEED_PAGE: u32 = 500;
 /// Mentions handed to the poller per call.
 const MENTION_PAGE: u32 = 100;
+/// Posts of a feed page read at once.
+const READ_AHEAD: usize = 16;
 /// Reads of one post the homeserver answered with an error before it is skipped (the
 /// feed must not stop at one broken value).
 const TRIES_BEFORE_SKIPPING: u32 = 3;
@@ -69,7 +72,9 @@ impl EmbeddedIndex {
         }
     }
 
-    /// Reads one page of the feed; true when it was full (more may be waiting).
+    /// Reads one page of the feed; true when it was full (more may be waiting). The
+    /// page's posts are read side by side ([`READ_AHEAD`] at once) and stored, with
+    /// the position after them, in one transaction.
     pub async fn follow_once(&self) -> Result<bool, IndexError> {
         let cursor = self
             .store
@@ -83,31 +88,34 @@ impl EmbeddedIndex {
             .events(cursor, Some(FEED_PAGE))
             .await
             .map_err(|e| IndexError::Unavailable(e.to_string()))?;
+        // Futures collected first: a closure inside the stream would make the
+        // follower's future not `Send` for every lifetime (a known compiler limit).
+        let reading: Vec<_> = page.events.iter().map(|e| self.read_event(e)).collect();
+        let reads: Vec<Result<Option<IndexChange>, IndexError>> =
+            futures_util::stream::iter(reading)
+                .buffered(READ_AHEAD)
+                .collect()
+                .await;
+        let mut changes = Vec::new();
         let mut mentioned = false;
         let mut done = cursor;
         let mut failure = None;
-        for event in &page.events {
-            if let Some(uri) = PostUri::parse(&event.url) {
-                let indexed = match event.kind {
-                    EventKind::Put => self.index_post(&uri, event.cursor).await,
-                    EventKind::Del => self
-                        .store
-                        .index_delete(&uri.to_string())
-                        .await
-                        .map(|()| false)
-                        .map_err(unavailable),
-                };
-                match indexed {
-                    Ok(named) => mentioned |= named,
-                    Err(e) => {
-                        failure = Some(e);
-                        break;
+        for (event, read) in page.events.iter().zip(reads) {
+            match read {
+                Ok(change) => {
+                    if let Some(IndexChange::Put(post)) = &change {
+                        mentioned |= post.mentions_bot;
                     }
+                    changes.extend(change);
+                }
+                Err(e) => {
+                    failure = Some(e);
+                    break;
                 }
             }
             done = event.cursor;
         }
-        // What was indexed stays indexed, also when a later event failed.
+        // What was read before a failure is kept.
         let next = if failure.is_none() {
             page.cursor.max(done)
         } else {
@@ -115,7 +123,7 @@ impl EmbeddedIndex {
         };
         if next != cursor {
             self.store
-                .set_position(FEED_POSITION, &next.to_string())
+                .index_apply(&changes, FEED_POSITION, &next.to_string())
                 .await
                 .map_err(unavailable)?;
         }
@@ -128,13 +136,24 @@ impl EmbeddedIndex {
         Ok(page.events.len() == FEED_PAGE as usize)
     }
 
-    /// Reads a post from its author's space and stores it; true when it names the bot.
+    /// What a feed event changes in the index (None: not a post).
+    async fn read_event(&self, event: &Event) -> Result<Option<IndexChange>, IndexError> {
+        let Some(uri) = PostUri::parse(&event.url) else {
+            return Ok(None);
+        };
+        match event.kind {
+            EventKind::Put => self.read_post(&uri, event.cursor).await,
+            EventKind::Del => Ok(Some(IndexChange::Delete(uri.to_string()))),
+        }
+    }
+
+    /// Reads a post from its author's space: what to store, or None (gone, not a post).
     /// A post the homeserver keeps answering with an error for is skipped after
     /// [`TRIES_BEFORE_SKIPPING`] reads (an unreachable homeserver never skips anything).
-    async fn index_post(&self, uri: &PostUri, at: u64) -> Result<bool, IndexError> {
+    async fn read_post(&self, uri: &PostUri, at: u64) -> Result<Option<IndexChange>, IndexError> {
         let post = match self.fetch(uri).await {
             Ok(Some(post)) => post,
-            Ok(None) => return Ok(false),
+            Ok(None) => return Ok(None),
             Err(e) if e.status().is_none() => {
                 return Err(IndexError::Unavailable(e.to_string()));
             }
@@ -152,27 +171,23 @@ impl EmbeddedIndex {
                     return Err(IndexError::Unavailable(format!("reading {uri}: {e}")));
                 }
                 tracing::warn!(%uri, error = %e, tries, "embedded index: skipping a post the homeserver cannot serve");
-                return Ok(false);
+                return Ok(None);
             }
         };
         let mentions_bot = self.matcher.mentions(&post.content);
-        self.store
-            .index_put(&IndexedPost {
-                seq: 0,
-                uri: uri.to_string(),
-                author: uri.author.to_z32(),
-                post_id: uri.id.clone(),
-                content: post.content,
-                kind: post.kind,
-                parent_uri: post
-                    .parent
-                    .and_then(|p| PostUri::parse(&p))
-                    .map(|p| p.to_string()),
-                mentions_bot,
-            })
-            .await
-            .map_err(unavailable)?;
-        Ok(mentions_bot)
+        Ok(Some(IndexChange::Put(IndexedPost {
+            seq: 0,
+            uri: uri.to_string(),
+            author: uri.author.to_z32(),
+            post_id: uri.id.clone(),
+            content: post.content,
+            kind: post.kind,
+            parent_uri: post
+                .parent
+                .and_then(|p| PostUri::parse(&p))
+                .map(|p| p.to_string()),
+            mentions_bot,
+        })))
     }
 
     /// A post's value from the homeserver; None when it is gone or not a post.

@@ -348,7 +348,7 @@ async fn the_standby_takes_over_when_the_leader_is_killed() {
 }
 
 /// The issue's load test: `BOT_LOAD_MENTIONS` mentions (200 by default; the figures in
-/// docs/BENCHMARKS.md are from 1,000), half summaries and half fact-checks, through a
+/// docs/BENCHMARKS.md are from 1,000; `BOT_LOAD_RATE` paces them), half summaries and half fact-checks, through a
 /// leader with a standby and two workers of each type, while a summary worker and the
 /// leader are killed with kill -9 and the AI API fails now and then. Every mention
 /// gets exactly one reply; throughput and mention-to-reply latency are printed (never
@@ -402,7 +402,17 @@ async fn load_every_mention_one_reply_while_processes_are_killed() {
     let started = Instant::now();
     fake.failing.store(20, std::sync::atomic::Ordering::SeqCst);
     let mut mentions = Vec::with_capacity(total);
-    for batch in (0..total).collect::<Vec<_>>().chunks(10) {
+    // BOT_LOAD_RATE paces the mentions (per second); unset, they come as fast as the
+    // users can post (a burst: what it measures is throughput, and latency is mostly
+    // the queue).
+    let rate: Option<f64> = std::env::var("BOT_LOAD_RATE")
+        .ok()
+        .and_then(|r| r.parse().ok());
+    for (n, batch) in (0..total).collect::<Vec<_>>().chunks(10).enumerate() {
+        if let Some(rate) = rate {
+            let due = started + Duration::from_secs_f64(n as f64 * 10.0 / rate);
+            tokio::time::sleep_until(due.into()).await;
+        }
         let posted = futures_util::future::join_all(batch.iter().map(|&i| {
             let (user, root) = (&users[i % 10], &roots[i % 10]);
             let text = if i % 2 == 0 {
@@ -456,6 +466,17 @@ async fn load_every_mention_one_reply_while_processes_are_killed() {
     let pct = |p: f64| {
         latencies[((latencies.len() as f64 * p) as usize).min(latencies.len() - 1)] as f64 / 1000.0
     };
+    if let Ok(keep) = std::env::var("BOT_LOAD_LOGS") {
+        // For a look at where the time went (each process's JSON log).
+        for entry in std::fs::read_dir(&data).unwrap().flatten() {
+            if entry.path().extension().is_some_and(|e| e == "log") {
+                let _ = std::fs::copy(
+                    entry.path(),
+                    std::path::Path::new(&keep).join(entry.file_name()),
+                );
+            }
+        }
+    }
     eprintln!(
         "LOAD {total} mentions: posted in {:.1} s, all replied in {:.1} s ({:.1} replies/s); \
          mention-to-reply p50 {:.0} ms, p99 {:.0} ms, max {:.0} ms; AI calls {}",
