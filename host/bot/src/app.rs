@@ -210,6 +210,7 @@ impl Bot {
             matcher,
             metrics,
             status,
+            unpublished: std::sync::Mutex::new(Vec::new()),
         });
         tracing::info!(listen = %http_addr, "health and metrics");
         {
@@ -389,16 +390,23 @@ async fn run_leader_stages(
     Ok(())
 }
 
-/// With the Redis bus: waits for the leader lease, leads while it holds it (renewing
-/// it), and stands by again if it loses it; gives it up at a clean stop.
+/// With the Redis bus: waits for the leader lease, leads while it holds it, and stands
+/// by again if it loses it; gives it up at a clean stop.
+///
+/// The lease is renewed from the moment it is taken, beside the leader's start (which
+/// may take a while: sign-up, recovery), each renewal bounded by a third of its
+/// lifetime. When a renewal says the lease is someone else's, or none has succeeded for
+/// longer than the lifetime minus one period (counted from when the last successful
+/// one was sent), the leader's tasks are aborted at once: by the time another process
+/// can take the lease, this one has stopped.
 async fn lead(
     ctx: Arc<BotContext>,
     follower: Option<Arc<EmbeddedIndex>>,
     lease: Lease,
     stop: CancellationToken,
 ) {
+    let lease = Arc::new(lease);
     let period = lease.period();
-    let ttl = Duration::from_millis(ctx.config.bus.lease_ttl_ms);
     loop {
         ctx.status.set_role("standby");
         let mut waiting_said = false;
@@ -421,57 +429,78 @@ async fn lead(
                 _ = tokio::time::sleep(period) => {}
             }
         }
+        let taken = std::time::Instant::now();
         tracing::info!(
             holder = lease.holder(),
             "took the leader lease: running the poller, router and publisher"
         );
         ctx.status.set_role("leader");
         let term = stop.child_token();
+        let renewing = tokio::spawn(keep_lease(lease.clone(), taken, term.clone()));
         let mut tasks = JoinSet::new();
-        let lost = match run_leader_stages(&ctx, follower.clone(), Role::Leader, &mut tasks, &term)
-            .await
-        {
-            Err(e) => {
-                tracing::error!(error = %e, "cannot start leading");
-                true
-            }
-            Ok(()) => {
-                let mut renewed = std::time::Instant::now();
-                loop {
-                    tokio::select! {
-                        _ = stop.cancelled() => break false,
-                        _ = tokio::time::sleep(period) => {}
-                    }
-                    match lease.renew().await {
-                        Ok(true) => renewed = std::time::Instant::now(),
-                        Ok(false) => break true,
-                        // Past its lifetime another process may hold it: stop.
-                        Err(e) if renewed.elapsed() + period >= ttl => {
-                            tracing::error!(error = %e, "cannot renew the leader lease");
-                            break true;
-                        }
-                        Err(e) => tracing::warn!(error = %e, "cannot renew the leader lease yet"),
-                    }
-                }
-            }
-        };
-        term.cancel();
-        let drain = async { while tasks.join_next().await.is_some() {} };
-        if tokio::time::timeout(Duration::from_secs(10), drain)
-            .await
-            .is_err()
-        {
-            tasks.abort_all();
+        let started =
+            run_leader_stages(&ctx, follower.clone(), Role::Leader, &mut tasks, &term).await;
+        if let Err(e) = &started {
+            tracing::error!(error = %e, "cannot start leading; trying again");
+            term.cancel();
         }
-        if !lost {
-            let _ = lease.release().await;
+        term.cancelled().await;
+        // Lost, or never started: either way not a stop.
+        let lost = renewing.await.unwrap_or(true) || started.is_err();
+        if lost {
+            // No draining: another process may lead already.
+            tasks.abort_all();
+            while tasks.join_next().await.is_some() {}
+            if started.is_ok() {
+                tracing::error!("lost the leader lease: stopped leading");
+            }
+        } else {
+            let drain = async { while tasks.join_next().await.is_some() {} };
+            if tokio::time::timeout(Duration::from_secs(10), drain)
+                .await
+                .is_err()
+            {
+                tasks.abort_all();
+            }
+        }
+        let _ = lease.release().await;
+        if !lost || stop.is_cancelled() {
             return;
         }
-        tracing::error!("lost the leader lease: stopped leading");
-        let _ = lease.release().await;
         tokio::select! {
             _ = stop.cancelled() => return,
             _ = tokio::time::sleep(period) => {}
+        }
+    }
+}
+
+/// Renews the lease every period until `term` (a stop: returns false) or until it is
+/// lost (cancels `term`, returns true).
+async fn keep_lease(lease: Arc<Lease>, taken: std::time::Instant, term: CancellationToken) -> bool {
+    let period = lease.period();
+    let ttl = lease.ttl();
+    let mut renewed = taken;
+    loop {
+        tokio::select! {
+            _ = term.cancelled() => return false,
+            _ = tokio::time::sleep(period) => {}
+        }
+        let sent = std::time::Instant::now();
+        match tokio::time::timeout(period, lease.renew()).await {
+            Ok(Ok(true)) => renewed = sent,
+            Ok(Ok(false)) => {
+                tracing::error!("the leader lease is held by another process");
+                term.cancel();
+                return true;
+            }
+            Ok(Err(e)) => tracing::warn!(error = %e, "cannot renew the leader lease"),
+            Err(_) => tracing::warn!("renewing the leader lease timed out"),
+        }
+        // The next try would come too late to be sure nobody else took it.
+        if renewed.elapsed() + period >= ttl {
+            tracing::error!("could not renew the leader lease in time");
+            term.cancel();
+            return true;
         }
     }
 }

@@ -159,15 +159,7 @@ pub struct BusConfig {
 impl std::fmt::Debug for BusConfig {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         // The URL may carry a password.
-        let url = url::Url::parse(&self.redis_url).map_or_else(
-            |_| "<unparsable>".to_owned(),
-            |mut u| {
-                if u.password().is_some() {
-                    let _ = u.set_password(Some("****"));
-                }
-                u.to_string()
-            },
-        );
+        let url = crate::dlq::redacted(&self.redis_url);
         f.debug_struct("BusConfig")
             .field("kind", &self.kind)
             .field("redis_url", &url)
@@ -501,6 +493,26 @@ impl BotConfig {
                 )),
             }
         }
+        if self.bus.kind == BusKind::Redis {
+            // Workers renew their claims every third of the claim time, the leader its
+            // lease every third of its lifetime: shorter than a second leaves too
+            // little room for a busy Redis or machine.
+            for (key, value) in [
+                ("bus.claim_idle_ms", self.bus.claim_idle_ms),
+                ("bus.lease_ttl_ms", self.bus.lease_ttl_ms),
+            ] {
+                if value < 1000 {
+                    problems.push(format!("{key} must be at least 1000, got {value}"));
+                }
+            }
+            if self.storage.database_url.contains(":memory:") {
+                problems.push(
+                    "bus.kind = \"redis\" runs the bot in several processes, which must share \
+                     one database: storage.database_url cannot be in memory"
+                        .into(),
+                );
+            }
+        }
         if !matches!(self.ai.json_mode.as_str(), "json_object" | "json_schema") {
             problems.push(format!(
                 "ai.json_mode must be json_object or json_schema, got `{}`",
@@ -584,6 +596,19 @@ mod tests {
                 .unwrap_err()
                 .to_string();
             assert!(e.contains("Redis"), "{e}");
+            jail.create_file(
+                "bot.toml",
+                "[workers]\nworker_type = \"summary\"\n[bus]\nkind = \"redis\"\n",
+            )?;
+            BotConfig::load(Some(Path::new("bot.toml"))).unwrap();
+            jail.create_file(
+                "bot.toml",
+                "[bus]\nkind = \"redis\"\nclaim_idle_ms = 200\n[storage]\ndatabase_url = \"sqlite::memory:\"\n",
+            )?;
+            let e = BotConfig::load(Some(Path::new("bot.toml")))
+                .unwrap_err()
+                .to_string();
+            assert!(e.contains("claim_idle_ms") && e.contains("memory"), "{e}");
             Ok(())
         });
     }

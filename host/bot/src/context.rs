@@ -37,6 +37,8 @@ pub struct BotContext {
     pub matcher: MentionMatcher,
     pub metrics: Arc<Metrics>,
     pub status: Arc<StatusBoard>,
+    /// Mentions recorded that the bus could not take yet (the poller tries again).
+    pub unpublished: Mutex<Vec<crate::bus::MentionReceived>>,
 }
 
 /// What the health endpoint reports that no store holds.

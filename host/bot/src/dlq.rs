@@ -27,12 +27,30 @@ pub enum DlqError {
     Metrics(#[from] prometheus::Error),
 }
 
-/// A Redis URL with its password hidden.
+/// A Redis URL with its password hidden (in the user part, or a `pass`/`password`
+/// query parameter as `redis+unix://` URLs carry it).
 pub fn redacted(url: &str) -> String {
     match url::Url::parse(url) {
         Ok(mut u) => {
             if u.password().is_some() {
                 let _ = u.set_password(Some("****"));
+            }
+            if u.query().is_some() {
+                let pairs: Vec<(String, String)> = u
+                    .query_pairs()
+                    .map(|(k, v)| {
+                        let hidden = matches!(k.as_ref(), "pass" | "password");
+                        (
+                            k.into_owned(),
+                            if hidden {
+                                "****".into()
+                            } else {
+                                v.into_owned()
+                            },
+                        )
+                    })
+                    .collect();
+                u.query_pairs_mut().clear().extend_pairs(pairs);
             }
             u.to_string()
         }
@@ -141,5 +159,24 @@ impl DeadLetters {
 
     pub async fn close(&self) {
         self.store.close().await;
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    #[test]
+    fn passwords_do_not_show() {
+        for url in [
+            "redis://user:s3cret@host:6379/0",
+            "redis+unix:///run/redis.sock?db=1&pass=s3cret",
+            "rediss://:s3cret@host/?password=s3cret",
+        ] {
+            let shown = super::redacted(url);
+            assert!(!shown.contains("s3cret"), "{shown}");
+        }
+        assert_eq!(
+            super::redacted("redis://127.0.0.1:6379"),
+            "redis://127.0.0.1:6379"
+        );
     }
 }

@@ -45,6 +45,10 @@ impl Lease {
         (self.ttl / 3).max(Duration::from_millis(50))
     }
 
+    pub fn ttl(&self) -> Duration {
+        self.ttl
+    }
+
     pub fn holder(&self) -> &str {
         &self.holder
     }

@@ -28,6 +28,17 @@ async fn main() -> ExitCode {
                 *secret = "<set, not shown>".into();
             }
         }
+        for secret in shown
+            .ai
+            .fallbacks
+            .iter_mut()
+            .map(|f| &mut f.api_key)
+            .chain(shown.search.fallbacks.iter_mut().map(|f| &mut f.api_key))
+        {
+            if !secret.is_empty() {
+                *secret = "<set, not shown>".into();
+            }
+        }
         shown.bus.redis_url = pkbot::dlq::redacted(&shown.bus.redis_url);
         return match toml::to_string_pretty(&shown) {
             Ok(text) => {

@@ -347,8 +347,11 @@ pub async fn recover(ctx: &BotContext) -> Result<usize, StageError> {
     if ctx.bus.redelivers() {
         // Workers in other processes may be running actions right now, and messages
         // on their way are in Redis: only mentions the poller recorded without
-        // handing them on (it stopped in between) need driving.
-        let driven = drive_unfinished(ctx, &InFlight::default(), true).await?;
+        // handing them on (it stopped in between) need driving, those still `pending`
+        // a claim time after they came in (a younger one is likely still queued).
+        let claim = i64::try_from(ctx.config.bus.claim_idle_ms / 1000).unwrap_or(i64::MAX);
+        let by = crate::store::now_secs().saturating_sub(claim);
+        let driven = drive_unfinished(ctx, &InFlight::default(), Some(by)).await?;
         if driven > 0 {
             tracing::info!(
                 mentions = driven,
@@ -357,8 +360,11 @@ pub async fn recover(ctx: &BotContext) -> Result<usize, StageError> {
         }
         return Ok(driven);
     }
-    let interrupted = ctx.store.fail_interrupted_executions(None).await?;
-    let driven = drive_unfinished(ctx, &InFlight::default(), false).await?;
+    let interrupted = ctx
+        .store
+        .fail_interrupted_executions(None, Duration::ZERO)
+        .await?;
+    let driven = drive_unfinished(ctx, &InFlight::default(), None).await?;
     if interrupted > 0 || driven > 0 {
         tracing::info!(
             interruptedActions = interrupted,
@@ -372,22 +378,22 @@ pub async fn recover(ctx: &BotContext) -> Result<usize, StageError> {
 /// Drives again the unfinished mentions no stage is working on (those a failure that
 /// may pass left behind).
 pub async fn redrive(ctx: &BotContext, in_flight: &InFlight) -> Result<usize, StageError> {
-    let driven = drive_unfinished(ctx, in_flight, false).await?;
+    let driven = drive_unfinished(ctx, in_flight, None).await?;
     if driven > 0 {
         tracing::info!(mentions = driven, "trying unfinished mentions again");
     }
     Ok(driven)
 }
 
-/// Publishes the unfinished mentions again (only `pending` ones with `pending_only`).
+/// Publishes the unfinished mentions again (see `Store::unfinished_mentions`).
 async fn drive_unfinished(
     ctx: &BotContext,
     in_flight: &InFlight,
-    pending_only: bool,
+    pending_received_by: Option<i64>,
 ) -> Result<usize, StageError> {
     let max_age = i64::try_from(ctx.config.poller.max_age_secs).unwrap_or(i64::MAX);
     let mut driven = 0;
-    for (id, posted_at) in ctx.store.unfinished_mentions(pending_only).await? {
+    for (id, posted_at) in ctx.store.unfinished_mentions(pending_received_by).await? {
         if in_flight.contains(&id) {
             continue;
         }

@@ -60,6 +60,10 @@ pub async fn run(ctx: Arc<BotContext>, stop: CancellationToken) {
 /// One poll: every mention the index has after the saved position. Returns how many
 /// were new.
 pub async fn poll_once(ctx: &BotContext) -> Result<usize, IndexError> {
+    let waiting = std::mem::take(&mut *ctx.unpublished.lock().unwrap_or_else(|e| e.into_inner()));
+    for m in waiting {
+        hand_on(ctx, m).await;
+    }
     let name = position_name(ctx);
     let mut new = 0;
     loop {
@@ -141,17 +145,31 @@ async fn ingest(ctx: &BotContext, post: Post) -> Result<bool, IndexError> {
     }
     tracing::info!(mentionId = %id, author = %mention.author, "mention received");
     crate::failpoint::hit("after-ingest");
-    // If this fails the mention stays pending, and is driven again at the next start.
-    let _ = ctx
-        .bus
-        .publish(
-            Topic::MentionReceived,
-            Message::MentionReceived(MentionReceived {
-                mention_id: id,
-                author_pubky: mention.author,
-                post_uri: mention.post_uri,
-            }),
-        )
-        .await;
+    hand_on(
+        ctx,
+        MentionReceived {
+            mention_id: id,
+            author_pubky: mention.author,
+            post_uri: mention.post_uri,
+        },
+    )
+    .await;
     Ok(true)
+}
+
+/// Publishes `mention.received.v1`. If the bus cannot take it now, it is kept and
+/// published again at the next poll (and, should this process stop first, the next
+/// leader's start drives the still-`pending` mention).
+async fn hand_on(ctx: &BotContext, m: MentionReceived) {
+    if let Err(e) = ctx
+        .bus
+        .publish(Topic::MentionReceived, Message::MentionReceived(m.clone()))
+        .await
+    {
+        tracing::warn!(mentionId = %m.mention_id, error = %e, "cannot hand the mention on yet");
+        ctx.unpublished
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .push(m);
+    }
 }

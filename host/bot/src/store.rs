@@ -368,7 +368,9 @@ impl Store {
         }))
     }
 
-    /// Moves a mention to `status`; a final state also stamps `processed_at`.
+    /// Moves a mention to `status`; a final state also stamps `processed_at`. A
+    /// completed (or skipped) mention is never failed afterwards: a late duplicate of
+    /// its work cannot undo its answer.
     pub async fn set_mention_status(
         &self,
         id: &str,
@@ -382,13 +384,15 @@ impl Store {
         );
         sqlx::query(
             "UPDATE mentions SET status = ?, error = COALESCE(?, error), \
-             processed_at = CASE WHEN ? THEN ? ELSE processed_at END WHERE id = ?",
+             processed_at = CASE WHEN ? THEN ? ELSE processed_at END WHERE id = ? \
+             AND (status NOT IN ('completed', 'skipped_old') OR ? = 'completed')",
         )
         .bind(status.as_str())
         .bind(error)
         .bind(finished)
         .bind(now_secs())
         .bind(id)
+        .bind(status.as_str())
         .execute(&self.pool)
         .await?;
         Ok(())
@@ -409,16 +413,21 @@ impl Store {
         Ok(done.rows_affected() == 1)
     }
 
-    /// Mentions not in a final state (only `pending` ones with `pending_only`), to drive
-    /// again, oldest first: (id, posted_at).
-    pub async fn unfinished_mentions(&self, pending_only: bool) -> Result<Vec<(String, i64)>> {
+    /// Mentions not in a final state, to drive again, oldest first: (id, posted_at).
+    /// With `pending_received_by`, only `pending` ones received at or before that time.
+    pub async fn unfinished_mentions(
+        &self,
+        pending_received_by: Option<i64>,
+    ) -> Result<Vec<(String, i64)>> {
         let _t = self.timed();
         let rows = sqlx::query(
             "SELECT id, posted_at FROM mentions \
-             WHERE status = 'pending' OR (status = 'processing' AND NOT ?) \
+             WHERE (status = 'pending' AND received_at <= COALESCE(?, received_at)) \
+             OR (status = 'processing' AND ? IS NULL) \
              ORDER BY received_at, id",
         )
-        .bind(pending_only)
+        .bind(pending_received_by)
+        .bind(pending_received_by)
         .fetch_all(&self.pool)
         .await?;
         Ok(rows.into_iter().map(|r| (r.get(0), r.get(1))).collect())
@@ -653,18 +662,23 @@ impl Store {
 
     /// Executions a crash left pending are failed as interrupted: all of them (at the
     /// start of a process that runs every stage), or those of one mention's action
-    /// (when a worker runs it again after another one died on it).
+    /// started at least `min_age` ago (when a worker runs it again after another one
+    /// died on it: a younger one may still be running in another process).
     pub async fn fail_interrupted_executions(
         &self,
         only: Option<(&str, ActionType)>,
+        min_age: Duration,
     ) -> Result<u64> {
         let _t = self.timed();
+        let now = now_secs();
         let done = sqlx::query(
             "UPDATE action_executions SET status = 'failed', \
              error_details = 'interrupted: the bot stopped during the action', finished_at = ? \
-             WHERE status = 'pending' AND (? IS NULL OR (mention_id = ? AND action_type = ?))",
+             WHERE status = 'pending' AND started_at <= ? \
+             AND (? IS NULL OR (mention_id = ? AND action_type = ?))",
         )
-        .bind(now_secs())
+        .bind(now)
+        .bind(now.saturating_sub(i64::try_from(min_age.as_secs()).unwrap_or(i64::MAX)))
         .bind(only.map(|(id, _)| id))
         .bind(only.map(|(id, _)| id))
         .bind(only.map(|(_, action)| action.as_str()))

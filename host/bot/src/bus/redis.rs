@@ -24,11 +24,11 @@ use std::time::{Duration, Instant};
 
 use async_trait::async_trait;
 use prometheus::IntCounterVec;
-use redis::aio::{ConnectionManager, ConnectionManagerConfig, MultiplexedConnection};
+use redis::aio::{ConnectionManager, ConnectionManagerConfig};
 use redis::streams::{
     StreamAutoClaimReply, StreamId, StreamPendingCountReply, StreamRangeReply, StreamReadReply,
 };
-use redis::{AsyncConnectionConfig, ErrorKind, Value};
+use redis::{ErrorKind, RedisError, Value};
 use serde::Serialize;
 use tokio_util::sync::CancellationToken;
 
@@ -171,19 +171,23 @@ impl RedisBus {
                 ))
             })?;
         self.shared.ops.count("dlq");
-        let _: Value = redis::pipe()
-            .atomic()
-            .cmd("XADD")
-            .arg(self.shared.key(topic.name()))
-            .arg("*")
-            .arg("payload")
-            .arg(&entry.payload)
-            .cmd("XDEL")
-            .arg(&dlq)
-            .arg(id)
-            .query_async(&mut conn)
-            .await?;
-        Ok(Some(entry))
+        // Removed and re-published in one step, and only by whoever removed it: two
+        // operators replaying the same letter put it back once.
+        let replayed: i64 = redis::Script::new(
+            r"
+if redis.call('XDEL', KEYS[1], ARGV[1]) == 1 then
+  redis.call('XADD', KEYS[2], '*', 'payload', ARGV[2])
+  return 1
+end
+return 0",
+        )
+        .key(&dlq)
+        .key(self.shared.key(topic.name()))
+        .arg(id)
+        .arg(&entry.payload)
+        .invoke_async(&mut conn)
+        .await?;
+        Ok((replayed == 1).then_some(entry))
     }
 }
 
@@ -248,51 +252,7 @@ impl Bus for RedisBus {
     }
 
     async fn consumer(&self, topic: Topic) -> Result<Arc<dyn Consumer>, BusError> {
-        let shared = &self.shared;
-        let stream = shared.key(topic.name());
-        let group = topic.group();
-        let mut conn = shared.conn.clone();
-        shared.ops.count("group");
-        // From the stream's start: what was published before the first consumer of
-        // the group existed is read too.
-        let created: Result<Value, _> = redis::cmd("XGROUP")
-            .arg("CREATE")
-            .arg(&stream)
-            .arg(group)
-            .arg("0")
-            .arg("MKSTREAM")
-            .query_async(&mut conn)
-            .await;
-        match created {
-            Ok(_) => {}
-            Err(e) if e.code() == Some("BUSYGROUP") => {}
-            Err(e) => return Err(e.into()),
-        }
-        // Reads block, so each consumer has a connection of its own for them.
-        let reader = shared
-            .client
-            .get_multiplexed_async_connection_with_config(
-                &AsyncConnectionConfig::new()
-                    .set_connection_timeout(Some(Duration::from_secs(5)))
-                    .set_response_timeout(Some(shared.config.block + Duration::from_secs(10))),
-            )
-            .await?;
-        let n = shared.consumers.fetch_add(1, Ordering::Relaxed);
-        let consumer = Arc::new(RedisConsumer {
-            shared: shared.clone(),
-            topic,
-            stream,
-            group,
-            name: format!("{}-{n}", shared.process),
-            reader: tokio::sync::Mutex::new(reader),
-            last_claim: Mutex::new(None),
-            working: Arc::new(Mutex::new(HashSet::new())),
-        });
-        tokio::spawn(keep_claimed(
-            Arc::downgrade(&consumer),
-            shared.config.claim_idle / 3,
-        ));
-        Ok(consumer)
+        Ok(self.redis_consumer(topic).await?)
     }
 
     async fn ping(&self) -> Result<(), BusError> {
@@ -307,13 +267,77 @@ impl Bus for RedisBus {
     }
 }
 
+impl RedisBus {
+    async fn redis_consumer(&self, topic: Topic) -> Result<Arc<RedisConsumer>, BusError> {
+        let shared = &self.shared;
+        let stream = shared.key(topic.name());
+        let group = topic.group();
+        ensure_group(shared, &stream, group).await?;
+        // Reads block, so each consumer has a connection of its own for them; a
+        // connection manager, so that it comes back after Redis or the network did.
+        let reader = ConnectionManager::new_with_config(
+            shared.client.clone(),
+            ConnectionManagerConfig::new()
+                .set_connection_timeout(Some(Duration::from_secs(5)))
+                .set_response_timeout(Some(shared.config.block + Duration::from_secs(10)))
+                .set_number_of_retries(2),
+        )
+        .await?;
+        let n = shared.consumers.fetch_add(1, Ordering::Relaxed);
+        let consumer = Arc::new(RedisConsumer {
+            shared: shared.clone(),
+            topic,
+            stream,
+            group,
+            name: format!("{}-{n}", shared.process),
+            reader: tokio::sync::Mutex::new(reader),
+            last_claim: Mutex::new(None),
+            claim_cursor: Mutex::new("0-0".into()),
+            working: Arc::new(Mutex::new(HashSet::new())),
+        });
+        tokio::spawn(keep_claimed(
+            Arc::downgrade(&consumer),
+            shared.config.claim_idle / 3,
+        ));
+        Ok(consumer)
+    }
+}
+
+/// Creates `group` on `stream` (and the stream) unless it exists, reading from the
+/// stream's start: what was published before the group existed is read too.
+async fn ensure_group(shared: &Shared, stream: &str, group: &str) -> Result<(), BusError> {
+    let mut conn = shared.conn.clone();
+    shared.ops.count("group");
+    let created: Result<Value, _> = redis::cmd("XGROUP")
+        .arg("CREATE")
+        .arg(stream)
+        .arg(group)
+        .arg("0")
+        .arg("MKSTREAM")
+        .query_async(&mut conn)
+        .await;
+    match created {
+        Ok(_) => Ok(()),
+        Err(e) if e.code() == Some("BUSYGROUP") => Ok(()),
+        Err(e) => Err(e.into()),
+    }
+}
+
+/// Whether Redis lost the group (restarted without its data, or the stream was
+/// deleted): it is made again and the read retried.
+fn lost_group(e: &RedisError) -> bool {
+    e.code() == Some("NOGROUP")
+}
+
 struct RedisConsumer {
     shared: Arc<Shared>,
     topic: Topic,
     stream: String,
     group: &'static str,
     name: String,
-    reader: tokio::sync::Mutex<MultiplexedConnection>,
+    reader: tokio::sync::Mutex<ConnectionManager>,
+    /// Where the next look for stuck messages starts (XAUTOCLAIM's cursor).
+    claim_cursor: Mutex<String>,
     /// When this consumer last looked for stuck messages.
     last_claim: Mutex<Option<Instant>>,
     /// Ids of the messages being worked on (kept claimed).
@@ -353,20 +377,36 @@ impl RedisConsumer {
         due
     }
 
-    /// A message idle for `claim_idle` in the group's pending list, taken over.
+    /// A message idle for `claim_idle` in the group's pending list, taken over. The
+    /// scan goes on from where the last one stopped, so stuck messages behind many in
+    /// work are found too.
     async fn claim_stuck(&self) -> Result<Option<Delivery>, BusError> {
         let mut conn = self.shared.conn.clone();
         self.shared.ops.count("claim");
-        let reply: StreamAutoClaimReply = redis::cmd("XAUTOCLAIM")
+        let start = self
+            .claim_cursor
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .clone();
+        let reply: Result<StreamAutoClaimReply, _> = redis::cmd("XAUTOCLAIM")
             .arg(&self.stream)
             .arg(self.group)
             .arg(&self.name)
             .arg(self.shared.config.claim_idle.as_millis() as u64)
-            .arg("0-0")
+            .arg(&start)
             .arg("COUNT")
             .arg(1)
             .query_async(&mut conn)
-            .await?;
+            .await;
+        let reply = match reply {
+            Ok(reply) => reply,
+            Err(e) if lost_group(&e) => {
+                ensure_group(&self.shared, &self.stream, self.group).await?;
+                return Ok(None);
+            }
+            Err(e) => return Err(e.into()),
+        };
+        *self.claim_cursor.lock().unwrap_or_else(|e| e.into_inner()) = reply.next_stream_id.clone();
         let Some(entry) = reply.claimed.first() else {
             return Ok(None);
         };
@@ -387,7 +427,7 @@ impl RedisConsumer {
     async fn read_new(&self) -> Result<Option<Delivery>, BusError> {
         let mut reader = self.reader.lock().await;
         self.shared.ops.count("consume");
-        let reply: Option<StreamReadReply> = redis::cmd("XREADGROUP")
+        let reply: Result<Option<StreamReadReply>, _> = redis::cmd("XREADGROUP")
             .arg("GROUP")
             .arg(self.group)
             .arg(&self.name)
@@ -399,7 +439,19 @@ impl RedisConsumer {
             .arg(&self.stream)
             .arg(">")
             .query_async(&mut *reader)
-            .await?;
+            .await;
+        let reply = match reply {
+            Ok(reply) => reply,
+            Err(e) if lost_group(&e) => {
+                tracing::warn!(
+                    stream = self.topic.name(),
+                    "the consumer group was gone: made again"
+                );
+                ensure_group(&self.shared, &self.stream, self.group).await?;
+                return Ok(None);
+            }
+            Err(e) => return Err(e.into()),
+        };
         Ok(reply
             .and_then(|r| r.keys.into_iter().next())
             .and_then(|k| k.ids.into_iter().next())
@@ -547,10 +599,27 @@ impl Consumer for RedisConsumer {
     }
 }
 
+/// Renews the claim on messages still owned by the consumer (ARGV[1] = group, ARGV[2]
+/// = consumer, then ids): each is claimed again (JUSTID: its idle time restarts and no
+/// delivery is counted) only while its pending entry names this consumer, checked and
+/// claimed in one step, so a message another consumer took over is never taken back.
+/// Returns the ids still owned.
+const KEEP_CLAIMED: &str = r"
+local owned = {}
+for i = 3, #ARGV do
+  local entry = redis.call('XPENDING', KEYS[1], ARGV[1], ARGV[i], ARGV[i], 1)
+  if entry[1] and entry[1][2] == ARGV[2] then
+    redis.call('XCLAIM', KEYS[1], ARGV[1], ARGV[2], 0, ARGV[i], 'JUSTID')
+    table.insert(owned, ARGV[i])
+  end
+end
+return owned";
+
 /// Claims the consumer's messages in work again every `every` (resetting their idle
 /// time without counting a delivery), until the consumer is dropped.
 async fn keep_claimed(consumer: Weak<RedisConsumer>, every: Duration) {
     let every = every.max(Duration::from_millis(100));
+    let script = redis::Script::new(KEEP_CLAIMED);
     loop {
         tokio::time::sleep(every).await;
         let Some(consumer) = consumer.upgrade() else {
@@ -562,19 +631,28 @@ async fn keep_claimed(consumer: Weak<RedisConsumer>, every: Duration) {
         }
         let mut conn = consumer.shared.conn.clone();
         consumer.shared.ops.count("claim");
-        let claimed: Result<Value, _> = redis::cmd("XCLAIM")
-            .arg(&consumer.stream)
+        let owned: Result<Vec<String>, _> = script
+            .key(&consumer.stream)
             .arg(consumer.group)
             .arg(&consumer.name)
-            .arg(0)
             .arg(&ids)
-            .arg("JUSTID")
-            .query_async(&mut conn)
+            .invoke_async(&mut conn)
             .await;
-        if let Err(e) = claimed
-            && e.kind() != ErrorKind::Io
-        {
-            tracing::warn!(error = %e, stream = consumer.topic.name(), "could not keep messages claimed");
+        match owned {
+            Ok(owned) => {
+                let mut working = consumer.working();
+                for id in ids.iter().filter(|id| !owned.contains(id)) {
+                    // Stalled past the claim time: another consumer has it now (or it
+                    // was acknowledged meanwhile).
+                    if working.remove(id) {
+                        tracing::debug!(stream = consumer.topic.name(), messageId = %id, "no longer ours to keep claimed");
+                    }
+                }
+            }
+            Err(e) if e.kind() == ErrorKind::Io => {}
+            Err(e) => {
+                tracing::warn!(error = %e, stream = consumer.topic.name(), "could not keep messages claimed")
+            }
         }
     }
 }

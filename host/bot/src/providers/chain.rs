@@ -47,7 +47,9 @@ impl Retry {
     }
 }
 
-/// Tries `call` on each member in turn, with retries; the last error if all fail.
+/// Tries `call` on each member in turn, with retries. If all fail: the last error
+/// that may pass, if any did (an outage of the first provider is worth trying again
+/// later even when a fallback then refuses), else the last error.
 async fn first_success<M: ?Sized, T, F>(
     members: &[Arc<M>],
     retry: Retry,
@@ -60,6 +62,7 @@ where
     F: for<'a> Fn(&'a M) -> futures_util::future::BoxFuture<'a, Result<T, ProviderError>>,
 {
     let mut last = None;
+    let mut last_transient = None;
     for member in members {
         let provider = name(member).to_owned();
         let mut attempt = 0;
@@ -79,7 +82,11 @@ where
                         error = %e,
                         "provider call failed"
                     );
-                    last = Some(e);
+                    if e.is_transient() {
+                        last_transient = Some(e);
+                    } else {
+                        last = Some(e);
+                    }
                     match wait {
                         Some(wait) => tokio::time::sleep(wait).await,
                         None => break,
@@ -89,10 +96,12 @@ where
             }
         }
     }
-    Err(last.unwrap_or_else(|| ProviderError::Failed {
-        provider: "none".into(),
-        message: "no provider configured".into(),
-    }))
+    Err(last_transient
+        .or(last)
+        .unwrap_or_else(|| ProviderError::Failed {
+            provider: "none".into(),
+            message: "no provider configured".into(),
+        }))
 }
 
 /// AI models tried in order.
@@ -282,6 +291,23 @@ mod tests {
             "an invalid answer is not asked again"
         );
         assert_eq!(seen.lock().unwrap().last().unwrap(), "c:ok:7");
+    }
+
+    #[tokio::test]
+    async fn an_outage_then_a_refusing_fallback_is_still_a_failure_that_may_pass() {
+        let a = model("a", vec![failed("a"), failed("a"), failed("a")]);
+        let b = model(
+            "b",
+            vec![ProviderError::Invalid {
+                provider: "b".into(),
+                message: "404 model not found".into(),
+            }],
+        );
+        let (log, _) = log();
+        let chain = AiChain::new(vec![a, b], RETRY, log);
+        let e = chain.complete(&[], 10, None).await.unwrap_err();
+        assert!(e.is_transient(), "{e}");
+        assert!(e.to_string().starts_with("a failed"), "{e}");
     }
 
     #[tokio::test]

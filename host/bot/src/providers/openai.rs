@@ -137,8 +137,9 @@ impl AiModel for OpenAiCompatible {
                     retry_after_secs,
                 });
             }
-            // A client error (a wrong key, a bad model name) will not pass on a retry.
-            status if status.is_client_error() => {
+            // A client error (a wrong key, a bad model name) will not pass on a retry;
+            // a request timeout (408) may.
+            status if status.is_client_error() && status != StatusCode::REQUEST_TIMEOUT => {
                 let text = response.text().await.unwrap_or_default();
                 return Err(ProviderError::Invalid {
                     provider: self.name.clone(),
@@ -154,10 +155,17 @@ impl AiModel for OpenAiCompatible {
             }
             _ => {}
         }
-        let completion: Completion = response.json().await.map_err(|e| ProviderError::Invalid {
-            provider: self.name.clone(),
-            message: e.to_string(),
-        })?;
+        // The body cut off (a reset, the timeout) may pass; a body that is not the
+        // API's format will not.
+        let body = response
+            .bytes()
+            .await
+            .map_err(|e| self.failed(format!("reading the answer: {e}")))?;
+        let completion: Completion =
+            serde_json::from_slice(&body).map_err(|e| ProviderError::Invalid {
+                provider: self.name.clone(),
+                message: e.to_string(),
+            })?;
         let text = completion
             .choices
             .into_iter()

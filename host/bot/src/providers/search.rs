@@ -138,7 +138,7 @@ impl SearchApi for WebSearch {
                     retry_after_secs,
                 });
             }
-            status if status.is_client_error() => {
+            status if status.is_client_error() && status != StatusCode::REQUEST_TIMEOUT => {
                 return Err(ProviderError::Invalid {
                     provider: self.name().to_owned(),
                     message: status.to_string(),

@@ -84,8 +84,14 @@ pub async fn handle(
     if !ctx.shared.claim_key(&key, KEY_LIFETIME).await? {
         // Held, with no success recorded: the run that took it was interrupted.
         tracing::info!(mentionId = %mention.id, actionType = action.as_str(), "running an interrupted action again");
+        // On Redis a younger run may be another worker's, alive: left alone.
+        let min_age = if ctx.bus.redelivers() {
+            std::time::Duration::from_millis(ctx.config.bus.claim_idle_ms)
+        } else {
+            std::time::Duration::ZERO
+        };
         ctx.store
-            .fail_interrupted_executions(Some((&mention.id, action)))
+            .fail_interrupted_executions(Some((&mention.id, action)), min_age)
             .await?;
     }
     let execution = ctx.store.start_execution(&mention.id, action).await?;

@@ -736,3 +736,48 @@ async fn carol_attack(author: &User, handle: &str) -> pkbot::post::PostUri {
         .await;
     author.post(&format!("tl;dr {handle}"), Some(&root)).await
 }
+
+/// `--print-config` shows every setting and no secret, fallbacks' keys and a Redis
+/// password included.
+#[test]
+fn print_config_hides_every_secret() {
+    let dir = tempfile::tempdir().unwrap();
+    let config = dir.path().join("bot.toml");
+    std::fs::write(
+        &config,
+        r#"
+[ai]
+api_key = "sk-primary-secret"
+fallbacks = [{ base_url = "http://127.0.0.1:11434/v1", model = "m", api_key = "sk-fallback-secret" }]
+[search]
+provider = "brave"
+api_key = "brave-secret"
+fallbacks = [{ provider = "tavily", api_key = "tavily-secret" }]
+[bus]
+kind = "redis"
+redis_url = "redis://bot:redis-secret@127.0.0.1:6379/0"
+"#,
+    )
+    .unwrap();
+    let out = std::process::Command::new(PKBOT)
+        .arg("--print-config")
+        .arg("--config")
+        .arg(&config)
+        .env("BOT_MNEMONIC", "abandon abandon abandon abandon abandon abandon abandon abandon abandon abandon abandon about")
+        .output()
+        .unwrap();
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let shown = String::from_utf8(out.stdout).unwrap();
+    for secret in ["secret", "abandon"] {
+        assert!(!shown.contains(secret), "{secret} shown:\n{shown}");
+    }
+    assert!(
+        shown.contains("redis://bot:****@127.0.0.1:6379/0"),
+        "{shown}"
+    );
+    assert!(shown.contains("model = \"m\""), "{shown}");
+}

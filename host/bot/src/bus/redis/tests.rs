@@ -210,3 +210,110 @@ async fn an_unreadable_payload_is_handed_out_as_such() {
     assert_eq!(letters[0].payload, "{not json");
     assert_eq!(letters[0].mention_id(), None);
 }
+
+/// The next delivery, reading again through errors (as the pipeline's loop does).
+async fn next_through_errors(consumer: &RedisConsumer) -> Delivery {
+    let stop = CancellationToken::new();
+    tokio::time::timeout(Duration::from_secs(20), async {
+        loop {
+            match consumer.next(&stop).await {
+                Ok(Some(d)) => return d,
+                Ok(None) => {}
+                Err(_) => tokio::time::sleep(Duration::from_millis(100)).await,
+            }
+        }
+    })
+    .await
+    .expect("a message within 20 s")
+}
+
+#[tokio::test]
+async fn a_consumer_reads_on_after_its_connection_is_killed_or_its_group_lost() {
+    let Some(bus) = bus("reconnect", 60_000, 5).await else {
+        return;
+    };
+    let consumer = bus.redis_consumer(Topic::ActionCompleted).await.unwrap();
+    let completed = |n: u32| {
+        Message::ActionCompleted(crate::bus::ActionCompleted {
+            mention_id: format!("m{n}"),
+            action_type: "summary".into(),
+            reply: "r".into(),
+        })
+    };
+    bus.publish(Topic::ActionCompleted, completed(1))
+        .await
+        .unwrap();
+    let d = next_through_errors(&consumer).await;
+    consumer.ack(&d).await.unwrap();
+
+    // Its reading connection dies (Redis restarted, a network cut).
+    let id: u64 = {
+        let mut reader = consumer.reader.lock().await;
+        redis::cmd("CLIENT")
+            .arg("ID")
+            .query_async(&mut *reader)
+            .await
+            .unwrap()
+    };
+    let mut admin = bus.connection();
+    let _: Value = redis::cmd("CLIENT")
+        .arg("KILL")
+        .arg("ID")
+        .arg(id)
+        .query_async(&mut admin)
+        .await
+        .unwrap();
+    bus.publish(Topic::ActionCompleted, completed(2))
+        .await
+        .unwrap();
+    let d = next_through_errors(&consumer).await;
+    assert_eq!(d.mention_id(), Some("m2"));
+    consumer.ack(&d).await.unwrap();
+
+    // Redis lost the stream and its group (restarted without its data).
+    let _: Value = redis::cmd("DEL")
+        .arg(bus.key(Topic::ActionCompleted.name()))
+        .query_async(&mut admin)
+        .await
+        .unwrap();
+    bus.publish(Topic::ActionCompleted, completed(3))
+        .await
+        .unwrap();
+    let d = next_through_errors(&consumer).await;
+    assert_eq!(d.mention_id(), Some("m3"));
+    consumer.ack(&d).await.unwrap();
+}
+
+#[tokio::test]
+async fn a_message_another_consumer_took_over_is_not_claimed_back() {
+    let Some(bus) = bus("steal", 900, 5).await else {
+        return;
+    };
+    let a = bus.redis_consumer(Topic::SummaryRequested).await.unwrap();
+    let b = bus.redis_consumer(Topic::SummaryRequested).await.unwrap();
+    bus.publish(Topic::SummaryRequested, request("m1"))
+        .await
+        .unwrap();
+    let first = next_through_errors(&a).await;
+    // a stalls: its claims stop (as if its process froze) while b takes the message.
+    let id = first.id.clone();
+    a.working().remove(&id);
+    let taken = next_through_errors(&b).await;
+    assert_eq!(taken.id, id);
+    // a wakes up and still lists it as in work: its next renewal must not take it back.
+    a.working().insert(id.clone());
+    tokio::time::sleep(Duration::from_millis(800)).await;
+    assert!(!a.working().contains(&id), "a gave it up");
+    let mut conn = bus.connection();
+    let pending: StreamPendingCountReply = redis::cmd("XPENDING")
+        .arg(bus.key(Topic::SummaryRequested.name()))
+        .arg(Topic::SummaryRequested.group())
+        .arg(&id)
+        .arg(&id)
+        .arg(1)
+        .query_async(&mut conn)
+        .await
+        .unwrap();
+    assert_eq!(pending.ids[0].consumer, b.name, "b still owns it");
+    b.ack(&taken).await.unwrap();
+}
