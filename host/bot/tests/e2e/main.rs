@@ -580,8 +580,8 @@ async fn an_unreadable_post_does_not_stop_the_feed() {
 }
 
 /// Provider faults over the real wire formats: a 429 with `Retry-After` and a 500 are
-/// retried; answers that are not JSON move on to the fallback model; an unreachable
-/// search API moves on to the fallback search; and a post telling the model to post
+/// retried; answers that are not JSON move on to the fallback model; a search API
+/// that is down moves on to the fallback search; and a post telling the model to post
 /// something stays data (the fake model obeys any such order outside the prompt's
 /// data markers, as a gullible model would).
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
@@ -593,7 +593,22 @@ async fn provider_faults_are_retried_or_fall_back_and_injections_stay_data() {
     let hs = Homeserver::start(&bin, &dir.path().join("hs"));
     let primary = FakeProviders::start(Duration::ZERO).await;
     let fallback = FakeProviders::start(Duration::ZERO).await;
-    let closed = free_port();
+    // A search API that is down (503 to everything). Not a closed port: another
+    // test's server may take a free port meanwhile.
+    let down = {
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let port = listener.local_addr().unwrap().port();
+        let app = axum::Router::new().fallback(|| async {
+            (
+                axum::http::StatusCode::SERVICE_UNAVAILABLE,
+                "down for maintenance",
+            )
+        });
+        tokio::spawn(async move {
+            let _ = axum::serve(listener, app).await;
+        });
+        port
+    };
     let config = dir.path().join("bot.toml");
     std::fs::write(
         &config,
@@ -607,7 +622,7 @@ fallbacks = [{{ base_url = "http://localhost:{}/v1", model = "second" }}]
 
 [search]
 provider = "brave"
-base_url = "http://127.0.0.1:{closed}"
+base_url = "http://127.0.0.1:{down}"
 api_key = "brave-key"
 max_retries = 1
 fallbacks = [{{ provider = "tavily", base_url = "{}", api_key = "tavily-key" }}]
@@ -667,7 +682,7 @@ fallbacks = [{{ provider = "tavily", base_url = "{}", api_key = "tavily-key" }}]
     );
     primary.malformed.store(0, SeqCst);
 
-    // Brave unreachable: Tavily's results are the sources.
+    // Brave down: Tavily's results are the sources.
     let mention = bob
         .post(&format!("verify this {handle}"), Some(&root))
         .await;
