@@ -34,7 +34,7 @@ pub async fn handle(ctx: Arc<BotContext>, done: ActionCompleted) -> Result<(), S
         Some(reserved) => reserved,
         None => {
             let content = clip(&done.reply, MAX_SHORT_POST_CHARS);
-            if let Some(why) = blocked(&ctx, &content) {
+            if let Some(why) = blocked(&ctx, &content).await {
                 ctx.metrics.replies_blocked.inc();
                 tracing::warn!(
                     mentionId = %mention.id,
@@ -93,12 +93,13 @@ pub async fn handle(ctx: Arc<BotContext>, done: ActionCompleted) -> Result<(), S
 /// Why the safety filter keeps `text` back, if it does (the configured
 /// `safety.wordlist`: only matches from its `lists` count, and only when
 /// `blockOnMatch`).
-fn blocked(ctx: &BotContext, text: &str) -> Option<String> {
+async fn blocked(ctx: &BotContext, text: &str) -> Option<String> {
     let config = &ctx.config.safety.wordlist;
     if !config.enabled {
         return None;
     }
-    let verdict = ctx.guests.check_text(text);
+    // Off the async workers: a guest that loops holds a guest thread, never a worker.
+    let verdict = ctx.guests.check_text_isolated(text.to_owned()).await;
     if verdict.is_failure() {
         // The filter's safe default: block.
         return Some("the safety filter failed".into());

@@ -196,7 +196,7 @@ async fn decide_action(
         return Ok(d);
     }
 
-    let candidates = match ctx.guests.classify(&text) {
+    let candidates = match ctx.guests.classify_isolated(text.clone()).await {
         Intent::Action {
             action,
             confidence,

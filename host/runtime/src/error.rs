@@ -61,6 +61,10 @@ pub enum GuestFailure {
     /// guest trapped while initializing).
     #[error("slot {slot}: instantiating the guest failed: {message}")]
     Instantiate { slot: Slot, message: String },
+    /// No guest thread came free in time (the isolated path: every guest thread is busy,
+    /// e.g. with a guest that loops until its deadline).
+    #[error("slot {slot}: busy: {reason}")]
+    Busy { slot: Slot, reason: String },
     /// The call ran past its wall-clock deadline.
     #[error("slot {slot}: the guest ran past its {} ms deadline", deadline.as_millis())]
     Timeout { slot: Slot, deadline: Duration },
@@ -76,6 +80,7 @@ impl GuestFailure {
     pub fn slot(&self) -> Slot {
         match self {
             GuestFailure::Unavailable { slot, .. }
+            | GuestFailure::Busy { slot, .. }
             | GuestFailure::Instantiate { slot, .. }
             | GuestFailure::Timeout { slot, .. }
             | GuestFailure::MemoryLimit { slot, .. }
@@ -83,10 +88,12 @@ impl GuestFailure {
         }
     }
 
-    /// A short label for metrics: `unavailable`, `instantiate`, `timeout`, `memory`, `trap`.
+    /// A short label for metrics: `unavailable`, `busy`, `instantiate`, `timeout`,
+    /// `memory`, `trap`.
     pub fn kind(&self) -> &'static str {
         match self {
             GuestFailure::Unavailable { .. } => "unavailable",
+            GuestFailure::Busy { .. } => "busy",
             GuestFailure::Instantiate { .. } => "instantiate",
             GuestFailure::Timeout { .. } => "timeout",
             GuestFailure::MemoryLimit { .. } => "memory",

@@ -46,6 +46,12 @@ pub struct RuntimeConfig {
     pub max_instances: u32,
     /// Quiet time after a change in the policies directory before the watcher reloads.
     pub watch_debounce: Duration,
+    /// Guest calls that run at once on the isolated path (`*_isolated`): each on a
+    /// blocking thread of its own, never on an async worker.
+    pub guest_threads: usize,
+    /// How long an isolated call waits for a free guest thread before it fails closed
+    /// (the slot's safe default): a guest that loops holds threads for its deadline.
+    pub guest_wait: Duration,
 }
 
 impl Default for RuntimeConfig {
@@ -60,6 +66,8 @@ impl Default for RuntimeConfig {
             instances_per_slot: (2 * cores).max(2),
             max_instances: 256,
             watch_debounce: Duration::from_millis(300),
+            guest_threads: (2 * cores).max(4),
+            guest_wait: Duration::from_secs(1),
         }
     }
 }
@@ -215,6 +223,8 @@ pub struct PolicyRuntime {
     /// Replaces the configured module of `only` (`policy eval --module`).
     module_override: Option<PathBuf>,
     reload_lock: Mutex<()>,
+    /// Free guest threads of the isolated path.
+    guest_threads: Arc<tokio::sync::Semaphore>,
 }
 
 impl std::fmt::Debug for PolicyRuntime {
@@ -259,7 +269,9 @@ impl PolicyRuntime {
             max_instances: config.max_instances,
         })?;
         let cache = ModuleCache::new(&sandbox, config.cache_dir.clone());
+        let guest_threads = Arc::new(tokio::sync::Semaphore::new(config.guest_threads.max(1)));
         Ok(Self {
+            guest_threads,
             slots: Slot::ALL.map(SlotCell::new),
             config,
             sandbox,
@@ -325,6 +337,75 @@ impl PolicyRuntime {
             None => Err(cell.unavailable()),
         };
         result.unwrap_or_else(Intent::Failed)
+    }
+
+    /// Runs a guest call off the async runtime: on a blocking thread, at most
+    /// `guest_threads` at once, waiting at most `guest_wait` for one (then the slot's
+    /// failure, which callers treat as its safe default). A guest that loops or hoards
+    /// memory then holds guest threads until its deadline, never an async worker: requests
+    /// that do not ask a guest are not slowed by it.
+    async fn isolated<R: Send + 'static>(
+        self: &Arc<Self>,
+        slot: Slot,
+        call: impl FnOnce(&PolicyRuntime) -> Result<R, GuestFailure> + Send + 'static,
+    ) -> Result<R, GuestFailure> {
+        let permit = match tokio::time::timeout(
+            self.config.guest_wait,
+            Arc::clone(&self.guest_threads).acquire_owned(),
+        )
+        .await
+        {
+            Ok(Ok(permit)) => permit,
+            _ => {
+                let failure = GuestFailure::Busy {
+                    slot,
+                    reason: format!(
+                        "no guest thread free within {} ms (all {} busy: is a guest looping?)",
+                        self.config.guest_wait.as_millis(),
+                        self.config.guest_threads
+                    ),
+                };
+                self.slots[index(slot)]
+                    .stats
+                    .record_call(self.config.guest_wait, Some(&failure));
+                return Err(failure);
+            }
+        };
+        let runtime = Arc::clone(self);
+        tokio::task::spawn_blocking(move || {
+            let _permit = permit;
+            call(&runtime)
+        })
+        .await
+        .unwrap_or_else(|e| {
+            Err(GuestFailure::Trap {
+                slot,
+                message: format!("the guest call's thread failed: {e}"),
+            })
+        })
+    }
+
+    /// [`authorize`](Self::authorize) off the async runtime (see `isolated`).
+    pub async fn authorize_isolated(
+        self: &Arc<Self>,
+        req: AuthorizeRequest,
+    ) -> Result<Decision, GuestFailure> {
+        self.isolated(Slot::CapabilityPolicy, move |rt| rt.authorize(&req))
+            .await
+    }
+
+    /// [`check_text`](Self::check_text) off the async runtime (see `isolated`).
+    pub async fn check_text_isolated(self: &Arc<Self>, text: String) -> SafetyVerdict {
+        self.isolated(Slot::SafetyFilter, move |rt| Ok(rt.check_text(&text)))
+            .await
+            .unwrap_or_else(SafetyVerdict::failed)
+    }
+
+    /// [`classify`](Self::classify) off the async runtime (see `isolated`).
+    pub async fn classify_isolated(self: &Arc<Self>, text: String) -> Intent {
+        self.isolated(Slot::IntentClassifier, move |rt| Ok(rt.classify(&text)))
+            .await
+            .unwrap_or_else(Intent::Failed)
     }
 
     /// Re-reads the policies directory and swaps in every slot whose module or data

@@ -33,6 +33,8 @@ pub struct SlotStats {
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize)]
 pub struct FailureCounts {
     pub unavailable: u64,
+    /// Isolated calls that found no guest thread free in time.
+    pub busy: u64,
     pub instantiate: u64,
     pub timeout: u64,
     pub memory: u64,
@@ -41,7 +43,7 @@ pub struct FailureCounts {
 
 impl FailureCounts {
     pub fn total(&self) -> u64 {
-        self.unavailable + self.instantiate + self.timeout + self.memory + self.trap
+        self.unavailable + self.busy + self.instantiate + self.timeout + self.memory + self.trap
     }
 }
 
@@ -75,6 +77,7 @@ impl LatencyHistogram {
 pub(crate) struct StatsCell {
     calls: AtomicU64,
     unavailable: AtomicU64,
+    busy: AtomicU64,
     instantiate: AtomicU64,
     timeout: AtomicU64,
     memory: AtomicU64,
@@ -102,6 +105,7 @@ impl StatsCell {
         if let Some(failure) = failure {
             let counter = match failure {
                 GuestFailure::Unavailable { .. } => &self.unavailable,
+                GuestFailure::Busy { .. } => &self.busy,
                 GuestFailure::Instantiate { .. } => &self.instantiate,
                 GuestFailure::Timeout { .. } => &self.timeout,
                 GuestFailure::MemoryLimit { .. } => &self.memory,
@@ -132,6 +136,7 @@ impl StatsCell {
             calls: load(&self.calls),
             failures: FailureCounts {
                 unavailable: load(&self.unavailable),
+                busy: load(&self.busy),
                 instantiate: load(&self.instantiate),
                 timeout: load(&self.timeout),
                 memory: load(&self.memory),

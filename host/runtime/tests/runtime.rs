@@ -685,3 +685,63 @@ fn guest_panic_message_reaches_the_log() {
     );
     assert!(log.contains("hostile guest writes to stderr"), "{log}");
 }
+
+/// Isolated calls run on guest threads: a looping guest holds one until its deadline,
+/// and a call finding every guest thread busy for `guest_wait` fails closed as `busy`
+/// (counted), while the async runtime's own thread stays free meanwhile.
+#[test]
+fn isolated_calls_wait_for_a_guest_thread_then_fail_closed() {
+    let dir = policies_dir();
+    std::fs::copy(guest("hostile"), dir.path().join("hostile.wasm")).unwrap();
+    std::fs::write(
+        dir.path().join("policies.toml"),
+        "[capability-policy]\nmodule = \"hostile.wasm\"\n",
+    )
+    .unwrap();
+    let runtime = Arc::new(
+        PolicyRuntime::load(RuntimeConfig {
+            guest_threads: 1,
+            guest_wait: Duration::from_millis(20),
+            ..config(dir.path())
+        })
+        .unwrap(),
+    );
+    // One async worker thread: if guest code ran on it, nothing else could run.
+    let rt = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .unwrap();
+    rt.block_on(async {
+        let looping = tokio::spawn({
+            let runtime = runtime.clone();
+            async move {
+                runtime
+                    .authorize_isolated(owner(Operation::Read, "/pub/loop"))
+                    .await
+            }
+        });
+        // The looping call holds the only guest thread; this one gives up waiting.
+        tokio::time::sleep(Duration::from_millis(5)).await;
+        let busy = runtime
+            .authorize_isolated(owner(Operation::Read, "/pub/ok"))
+            .await
+            .unwrap_err();
+        assert!(matches!(busy, GuestFailure::Busy { .. }), "{busy}");
+        // The worker thread was free all along: timers and other tasks ran.
+        let looped = looping.await.unwrap().unwrap_err();
+        assert!(matches!(looped, GuestFailure::Timeout { .. }), "{looped}");
+        // The thread is free again.
+        let decision = runtime
+            .authorize_isolated(owner(Operation::Read, "/pub/ok"))
+            .await
+            .unwrap();
+        assert!(decision.allow);
+    });
+    let stats = runtime.stats();
+    let policy = stats
+        .iter()
+        .find(|s| s.slot == Slot::CapabilityPolicy)
+        .unwrap();
+    assert_eq!(policy.failures.busy, 1);
+    assert_eq!(policy.failures.timeout, 1);
+}

@@ -408,10 +408,28 @@ async fn wait_for_signal() {
 /// async threads).
 async fn load_policies(config: &Config) -> Result<PolicyRuntime, StartError> {
     let cache_dir = config.policies.cache_dir.clone();
+    let defaults = RuntimeConfig::default();
+    let p = &config.policies;
     let runtime_config = RuntimeConfig {
-        policies_dir: config.policies.dir.clone(),
+        policies_dir: p.dir.clone(),
         cache_dir: (!cache_dir.as_os_str().is_empty()).then_some(cache_dir),
-        ..RuntimeConfig::default()
+        call_deadline: std::time::Duration::from_millis(p.call_deadline_ms),
+        memory_limit_bytes: usize::try_from(p.memory_limit_mb.saturating_mul(1 << 20))
+            .unwrap_or(usize::MAX),
+        instance_max_calls: p.instance_max_calls,
+        instances_per_slot: if p.instances_per_slot == 0 {
+            defaults.instances_per_slot
+        } else {
+            p.instances_per_slot
+        },
+        max_instances: p.max_instances,
+        guest_threads: if p.guest_threads == 0 {
+            defaults.guest_threads
+        } else {
+            p.guest_threads
+        },
+        guest_wait: std::time::Duration::from_millis(p.guest_wait_ms),
+        ..defaults
     };
     let runtime = tokio::task::spawn_blocking(move || PolicyRuntime::load(runtime_config))
         .await

@@ -217,6 +217,21 @@ pub struct PoliciesConfig {
     /// What a slot whose module fails to load at start does: stop the server (default),
     /// or serve the slot's safe default until a reload fixes it.
     pub on_start_error: PolicyStartMode,
+    /// Wall-clock budget of one guest call.
+    pub call_deadline_ms: u64,
+    /// Linear memory one guest instance may use.
+    pub memory_limit_mb: u64,
+    /// Calls after which a warm instance is retired.
+    pub instance_max_calls: u64,
+    /// Warm instances kept per slot; 0 = twice the cores.
+    pub instances_per_slot: usize,
+    /// Guest instances alive at once across all slots.
+    pub max_instances: u32,
+    /// Guest calls running at once, each on a thread of its own; 0 = twice the cores
+    /// (at least 4).
+    pub guest_threads: usize,
+    /// How long a request waits for a free guest thread before it is answered 503.
+    pub guest_wait_ms: u64,
 }
 
 /// See [`PoliciesConfig::on_start_error`].
@@ -425,6 +440,17 @@ impl Config {
             ("pkarr.request_timeout_ms", self.pkarr.request_timeout_ms),
             ("storage.pool_size", u64::from(self.storage.pool_size)),
             ("storage.max_value_bytes", self.storage.max_value_bytes),
+            ("policies.call_deadline_ms", self.policies.call_deadline_ms),
+            ("policies.memory_limit_mb", self.policies.memory_limit_mb),
+            (
+                "policies.instance_max_calls",
+                self.policies.instance_max_calls,
+            ),
+            (
+                "policies.max_instances",
+                u64::from(self.policies.max_instances),
+            ),
+            ("policies.guest_wait_ms", self.policies.guest_wait_ms),
         ] {
             if value == 0 {
                 problems.push(format!("{} must be at least 1", name(key)));

@@ -301,6 +301,7 @@ impl Collector for GuestCollector {
             calls.push(counter_metric(&[("slot", slot)], s.calls));
             for (reason, n) in [
                 ("unavailable", s.failures.unavailable),
+                ("busy", s.failures.busy),
                 ("instantiate", s.failures.instantiate),
                 ("timeout", s.failures.timeout),
                 ("memory", s.failures.memory),

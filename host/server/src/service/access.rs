@@ -64,6 +64,16 @@ fn guest_failed(e: GuestFailure) -> ServiceError {
                     .into(),
             )
         }
+        // Every guest thread is busy (a guest looping until its deadline, or a burst):
+        // fail closed, and say it may pass.
+        GuestFailure::Busy { reason, .. } => {
+            tracing::warn!(%reason, "capability policy busy: answering 503");
+            ServiceError::Busy(
+                "the server's capability policy is busy and could not decide this request \
+                 in time; retry later"
+                    .into(),
+            )
+        }
         other => ServiceError::Internal(format!("capability policy guest failed: {other}")),
     }
 }
@@ -81,8 +91,9 @@ impl AccessControl {
         &self.policy
     }
 
-    /// Asks the policy; `Some(refusal)` when it denies.
-    fn decide(
+    /// Asks the policy (off the async workers: a guest that loops holds a guest thread
+    /// until its deadline, never a worker); `Some(refusal)` when it denies.
+    async fn decide(
         &self,
         operation: Operation,
         path: &StoragePath,
@@ -91,12 +102,13 @@ impl AccessControl {
     ) -> Result<Option<ServiceError>, ServiceError> {
         let decision = self
             .policy
-            .authorize(&AuthorizeRequest {
+            .authorize_isolated(AuthorizeRequest {
                 operation,
                 path: path.to_string(),
                 caller,
                 user,
             })
+            .await
             .map_err(guest_failed)?;
         Ok((!decision.allow).then(|| {
             ServiceError::Forbidden(if decision.reason.is_empty() {
@@ -181,7 +193,10 @@ impl AccessControl {
         if path.is_private() {
             return Err(auth::private_reserved());
         }
-        if let Some(refusal) = self.decide(Operation::Read, path, caller, space.to_z32())? {
+        if let Some(refusal) = self
+            .decide(Operation::Read, path, caller, space.to_z32())
+            .await?
+        {
             return Err(refusal);
         }
         Ok(ReadAccess::Owner(space))
@@ -231,7 +246,8 @@ impl AccessControl {
         } else if path.is_private() {
             Some(auth::private_reserved())
         } else {
-            self.decide(Operation::Write, path, caller, space.to_z32())?
+            self.decide(Operation::Write, path, caller, space.to_z32())
+                .await?
         };
         Ok(WriteGrant { writer, refusal })
     }

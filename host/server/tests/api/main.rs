@@ -16,6 +16,7 @@ mod crash;
 mod deploy;
 mod events;
 mod first_run;
+mod guests;
 mod limits;
 mod listing;
 mod maintenance;
