@@ -43,24 +43,40 @@ pub struct GoldenCase {
 
 /// The golden cases of `slot`. Blank lines and lines starting with `#` are skipped.
 pub fn golden_cases(slot: Slot) -> Vec<GoldenCase> {
-    golden_text(slot)
-        .lines()
-        .filter(|line| !line.trim().is_empty() && !line.trim_start().starts_with('#'))
-        .filter_map(|line| match serde_json::from_str::<Value>(line) {
-            Ok(case) => Some(case),
-            Err(e) => {
-                // The file is compiled in and tested; a bad line is a repository bug.
-                tracing::error!("bad golden case for {slot}: {e}");
-                None
-            }
-        })
-        .map(|mut case| GoldenCase {
-            name: case["name"].as_str().unwrap_or("unnamed").to_owned(),
+    // The file is compiled in and tested; a bad line is a repository bug.
+    parse_cases(golden_text(slot)).unwrap_or_else(|e| {
+        tracing::error!("bad golden case for {slot}: {e}");
+        Vec::new()
+    })
+}
+
+/// Cases in the golden-case format (one JSON object a line: `name`, `config`, `input`,
+/// `expect`; blank lines and `#` comments skipped), or the first bad line.
+pub fn parse_cases(text: &str) -> Result<Vec<GoldenCase>, String> {
+    let mut cases = Vec::new();
+    for (n, line) in text.lines().enumerate() {
+        let line = line.trim();
+        if line.is_empty() || line.starts_with('#') {
+            continue;
+        }
+        let mut case: Value =
+            serde_json::from_str(line).map_err(|e| format!("line {}: {e}", n + 1))?;
+        if !case["input"].is_object() || !case["expect"].is_object() {
+            return Err(format!(
+                "line {}: a case needs an `input` and an `expect` object",
+                n + 1
+            ));
+        }
+        cases.push(GoldenCase {
+            name: case["name"]
+                .as_str()
+                .map_or_else(|| format!("line {}", n + 1), str::to_owned),
             config: case["config"].as_object().cloned().unwrap_or_default(),
             input: case["input"].take(),
             expect: case["expect"].take(),
-        })
-        .collect()
+        });
+    }
+    Ok(cases)
 }
 
 /// The result of one golden case.
@@ -81,7 +97,10 @@ pub struct CheckReport {
     pub blake3: String,
     pub size_bytes: usize,
     pub compile_ms: f64,
+    /// The slot's golden cases (how the built-in guest behaves).
     pub cases: Vec<CaseResult>,
+    /// The author's own cases (`policy check --cases`).
+    pub own: Vec<CaseResult>,
 }
 
 impl CheckReport {
@@ -93,6 +112,11 @@ impl CheckReport {
     pub fn failures(&self) -> impl Iterator<Item = &CaseResult> {
         self.cases.iter().filter(|c| !c.passed)
     }
+
+    /// The author's cases that failed.
+    pub fn own_failures(&self) -> impl Iterator<Item = &CaseResult> {
+        self.own.iter().filter(|c| !c.passed)
+    }
 }
 
 /// Validates a module for `slot` and runs the slot's golden cases through it, with the
@@ -100,6 +124,15 @@ impl CheckReport {
 /// slot at all: unreadable, not a component, wrong world, or failing its test call.
 /// Golden-case failures are in the report (a custom policy may differ on purpose).
 pub fn check_module(path: &Path, slot: Slot) -> Result<CheckReport, RuntimeError> {
+    check_module_with(path, slot, Vec::new())
+}
+
+/// [`check_module`], also running the author's own `cases` (see [`parse_cases`]).
+pub fn check_module_with(
+    path: &Path,
+    slot: Slot,
+    own: Vec<GoldenCase>,
+) -> Result<CheckReport, RuntimeError> {
     let defaults = RuntimeConfig::default();
     let sandbox = Sandbox::new(SandboxLimits {
         call_deadline: defaults.call_deadline,
@@ -147,21 +180,20 @@ pub fn check_module(path: &Path, slot: Slot) -> Result<CheckReport, RuntimeError
         failure,
     })?;
 
-    let cases = golden_cases(slot)
-        .into_iter()
-        .map(|case| {
-            let target = if case.config.is_empty() {
-                None
-            } else {
-                let mut config = defaults_config.clone();
-                for (key, value) in &case.config {
-                    config.insert(key.clone(), json_config_value(value));
-                }
-                Some(module.with_config(config))
-            };
-            run_case(target.as_ref().unwrap_or(&module), slot, case)
-        })
-        .collect();
+    let run = |case: GoldenCase| {
+        let target = if case.config.is_empty() {
+            None
+        } else {
+            let mut config = defaults_config.clone();
+            for (key, value) in &case.config {
+                config.insert(key.clone(), json_config_value(value));
+            }
+            Some(module.with_config(config))
+        };
+        run_case(target.as_ref().unwrap_or(&module), slot, case)
+    };
+    let cases = golden_cases(slot).into_iter().map(run).collect();
+    let own = own.into_iter().map(run).collect();
     Ok(CheckReport {
         slot,
         module: path.to_owned(),
@@ -169,6 +201,7 @@ pub fn check_module(path: &Path, slot: Slot) -> Result<CheckReport, RuntimeError
         size_bytes: resolved.bytes.len(),
         compile_ms,
         cases,
+        own,
     })
 }
 

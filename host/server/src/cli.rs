@@ -77,14 +77,28 @@ pub enum Command {
 
 #[derive(Debug, Subcommand)]
 pub enum PolicyCommand {
-    /// Check a module against its slot's world and run the slot's golden cases.
-    /// Exit code 0 when it fits and every case passes.
+    /// Check a module against its slot's world and run the slot's golden cases (and
+    /// yours, with --cases). Exit code 0 when it fits and the cases pass: yours when
+    /// given (the built-in ones are then reported only: a guest may differ on purpose),
+    /// else the slot's.
     Check {
         /// The .wasm component.
         file: PathBuf,
         /// capability-policy, safety-filter or intent-classifier.
         #[arg(long)]
         slot: String,
+        /// Your own cases (one JSON object a line: name, config, input, expect), e.g.
+        /// the cases.jsonl `policy new` wrote.
+        #[arg(long, value_name = "FILE")]
+        cases: Option<PathBuf>,
+    },
+    /// Start a new guest: write a ready crate for SLOT into DIR (Cargo.toml, the WIT,
+    /// a working src/lib.rs, cases.jsonl, a README with the build → check → reload loop).
+    New {
+        #[arg(long)]
+        slot: String,
+        /// A new (or empty) folder; its name names the crate.
+        dir: PathBuf,
     },
     /// Evaluate JSON lines from stdin with a slot's guest; answers as JSON lines on
     /// stdout (e.g. {"text": "..."} for safety-filter and intent-classifier).

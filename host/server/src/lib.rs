@@ -21,6 +21,7 @@ pub mod metrics_server;
 pub mod persistence;
 pub mod pkarr_publish;
 pub mod policy_cli;
+pub mod policy_template;
 pub mod rate_limit;
 pub mod serve;
 pub mod server_key;

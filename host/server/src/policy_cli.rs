@@ -1,9 +1,9 @@
-//! `homeserver policy check|eval|install`: the plugin author's tools, over the runtime's
-//! library functions.
+//! `homeserver policy check|eval|install|new`: the plugin author's tools, over the
+//! runtime's library functions.
 
 use std::process::ExitCode;
 
-use homeserver_runtime::{Slot, check_module, eval_lines, install_defaults};
+use homeserver_runtime::{Slot, check_module_with, eval_lines, install_defaults, parse_cases};
 
 use crate::cli::PolicyCommand;
 
@@ -23,8 +23,20 @@ fn slot(name: &str) -> Result<Slot, String> {
 
 fn execute(command: PolicyCommand) -> Result<ExitCode, String> {
     match command {
-        PolicyCommand::Check { file, slot: name } => {
-            let report = check_module(&file, slot(&name)?).map_err(|e| e.to_string())?;
+        PolicyCommand::Check {
+            file,
+            slot: name,
+            cases,
+        } => {
+            let own = match &cases {
+                Some(path) => {
+                    let text = std::fs::read_to_string(path)
+                        .map_err(|e| format!("{}: {e}", path.display()))?;
+                    parse_cases(&text).map_err(|e| format!("{}: {e}", path.display()))?
+                }
+                None => Vec::new(),
+            };
+            let report = check_module_with(&file, slot(&name)?, own).map_err(|e| e.to_string())?;
             println!(
                 "{}: fits slot {} (blake3 {}, {} bytes, compiled in {:.0} ms)",
                 file.display(),
@@ -41,11 +53,35 @@ fn execute(command: PolicyCommand) -> Result<ExitCode, String> {
             }
             let failed = report.failures().count();
             println!(
-                "golden cases of {}: {} passed, {failed} failed",
+                "golden cases of {}: {} passed, {failed} failed{}",
                 report.slot,
-                report.cases.len() - failed
+                report.cases.len() - failed,
+                if cases.is_some() && failed > 0 {
+                    " (how the built-in guest behaves; yours may differ on purpose)"
+                } else {
+                    ""
+                }
             );
-            Ok(if report.passed() {
+            let Some(path) = &cases else {
+                return Ok(if report.passed() {
+                    ExitCode::SUCCESS
+                } else {
+                    ExitCode::FAILURE
+                });
+            };
+            for case in report.own_failures() {
+                println!(
+                    "FAILED (yours) {}: input {} expected {} got {}",
+                    case.name, case.input, case.expected, case.got
+                );
+            }
+            let own_failed = report.own_failures().count();
+            println!(
+                "your cases ({}): {} passed, {own_failed} failed",
+                path.display(),
+                report.own.len() - own_failed
+            );
+            Ok(if own_failed == 0 {
                 ExitCode::SUCCESS
             } else {
                 ExitCode::FAILURE
@@ -67,6 +103,19 @@ fn execute(command: PolicyCommand) -> Result<ExitCode, String> {
             eprintln!(
                 "{} lines, {} bad input, {} guest failures",
                 summary.lines, summary.bad_input, summary.guest_failures
+            );
+            Ok(ExitCode::SUCCESS)
+        }
+        PolicyCommand::New { slot: name, dir } => {
+            let made = crate::policy_template::new_guest(slot(&name)?, &dir)?;
+            for path in &made.files {
+                println!("wrote {}", path.display());
+            }
+            println!(
+                "\nnext: cd {} && cargo build --release --target wasm32-wasip2 && \
+                 homeserver policy check {} --slot {name} --cases cases.jsonl",
+                made.dir.display(),
+                made.module.display()
             );
             Ok(ExitCode::SUCCESS)
         }

@@ -100,3 +100,107 @@ async fn a_looping_guest_does_not_slow_requests_that_do_not_ask_it() {
         "the looping calls timed out in the guest:\n{text}"
     );
 }
+
+/// The plugin author's loop, for real: `policy new` writes a crate for each slot, cargo
+/// builds it for wasm32-wasip2, `policy check --cases` passes it; the capability policy
+/// then serves a running server, is edited, rebuilt and reloaded, and the server follows
+/// the edit. (The build's target folder is kept under target/, so later runs are quick.)
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_new_guest_builds_checks_and_serves_after_an_edit() {
+    let homeserver = env!("CARGO_BIN_EXE_homeserver");
+    let cargo = std::env::var("CARGO").unwrap_or_else(|_| "cargo".into());
+    let exe = std::env::current_exe().unwrap();
+    // target/<profile>/deps/api-xxxx → target/guest-templates
+    let target_dir = exe.ancestors().nth(3).unwrap().join("guest-templates");
+    let tmp = tempfile::tempdir().unwrap();
+    let run = |cmd: &mut std::process::Command| {
+        let out = cmd.output().unwrap();
+        let text = format!(
+            "{}{}",
+            String::from_utf8_lossy(&out.stdout),
+            String::from_utf8_lossy(&out.stderr)
+        );
+        assert!(out.status.success(), "{cmd:?} failed:\n{text}");
+        text
+    };
+    let build = |dir: &std::path::Path| {
+        let started = Instant::now();
+        run(std::process::Command::new(&cargo)
+            .args(["build", "--release", "--target", "wasm32-wasip2", "--quiet"])
+            .current_dir(dir)
+            .env("CARGO_TARGET_DIR", &target_dir));
+        eprintln!(
+            "built {} in {:.1} s",
+            dir.display(),
+            started.elapsed().as_secs_f64()
+        );
+    };
+    let mut modules = Vec::new();
+    for (slot, name) in [
+        ("capability-policy", "archive_policy"),
+        ("safety-filter", "term_filter"),
+        ("intent-classifier", "word_classifier"),
+    ] {
+        let dir = tmp.path().join(name);
+        run(std::process::Command::new(homeserver)
+            .args(["policy", "new", "--slot", slot])
+            .arg(&dir));
+        build(&dir);
+        let module = target_dir.join(format!("wasm32-wasip2/release/{name}.wasm"));
+        let checked = run(std::process::Command::new(homeserver)
+            .args(["policy", "check"])
+            .arg(&module)
+            .args(["--slot", slot, "--cases"])
+            .arg(dir.join("cases.jsonl")));
+        assert!(checked.contains("passed, 0 failed\n"), "{checked}");
+        assert!(checked.contains("your cases"), "{checked}");
+        modules.push((dir, module));
+    }
+
+    // The new policy serves a running server.
+    let (policy_dir, policy_module) = &modules[0];
+    let host = TestHost::start_single_with(|c| {
+        std::fs::create_dir_all(&c.policies.dir).unwrap();
+        std::fs::copy(policy_module, c.policies.dir.join("archive_policy.wasm")).unwrap();
+        std::fs::write(
+            c.policies.dir.join("policies.toml"),
+            "[capability-policy]\nmodule = \"archive_policy.wasm\"\n",
+        )
+        .unwrap();
+    })
+    .await;
+    let alice = host.user().await;
+    assert_eq!(host.put(&alice, "/pub/archive/1", b"x").await.status(), 403);
+    assert_eq!(host.put(&alice, "/pub/frozen/1", b"x").await.status(), 200);
+
+    // Edit, build, copy, reload: the server follows the edit.
+    let started = Instant::now();
+    let source = policy_dir.join("src/lib.rs");
+    let text = std::fs::read_to_string(&source).unwrap();
+    std::fs::write(
+        &source,
+        text.replace("\"/pub/archive/\"", "\"/pub/frozen/\""),
+    )
+    .unwrap();
+    build(policy_dir);
+    let policies = host.dir.path().join("policies");
+    std::fs::copy(policy_module, policies.join("archive_policy.wasm")).unwrap();
+    let admin = host.server().admin_addr().unwrap();
+    let report: serde_json::Value = host
+        .http
+        .post(format!("http://{admin}/admin/policies/reload"))
+        .bearer_auth(ADMIN_PASSWORD)
+        .send()
+        .await
+        .unwrap()
+        .json()
+        .await
+        .unwrap();
+    assert_eq!(report["ok"], true, "{report}");
+    eprintln!(
+        "edit → build → reload: {:.1} s",
+        started.elapsed().as_secs_f64()
+    );
+    assert_eq!(host.put(&alice, "/pub/archive/2", b"x").await.status(), 200);
+    assert_eq!(host.put(&alice, "/pub/frozen/2", b"x").await.status(), 403);
+}
