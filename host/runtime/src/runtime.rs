@@ -46,8 +46,8 @@ pub struct RuntimeConfig {
     pub max_instances: u32,
     /// Quiet time after a change in the policies directory before the watcher reloads.
     pub watch_debounce: Duration,
-    /// Guest calls that run at once on the isolated path (`*_isolated`): each on a
-    /// blocking thread of its own, never on an async worker.
+    /// Threads that run the calls of the isolated path (`*_isolated`), never on an async
+    /// worker.
     pub guest_threads: usize,
     /// How long an isolated call waits for a free guest thread before it fails closed
     /// (the slot's safe default): a guest that loops holds threads for its deadline.
@@ -66,7 +66,7 @@ impl Default for RuntimeConfig {
             instances_per_slot: (2 * cores).max(2),
             max_instances: 256,
             watch_debounce: Duration::from_millis(300),
-            guest_threads: (2 * cores).max(4),
+            guest_threads: cores.max(2),
             guest_wait: Duration::from_secs(1),
         }
     }
@@ -223,8 +223,37 @@ pub struct PolicyRuntime {
     /// Replaces the configured module of `only` (`policy eval --module`).
     module_override: Option<PathBuf>,
     reload_lock: Mutex<()>,
-    /// Free guest threads of the isolated path.
-    guest_threads: Arc<tokio::sync::Semaphore>,
+    /// The guest threads of the isolated path.
+    guest_pool: GuestPool,
+}
+
+/// One guest call for a guest thread.
+type GuestJob = Box<dyn FnOnce() + Send>;
+
+/// Threads that run guest calls, fed by a bounded queue (a full queue is `busy` at
+/// once). They end when the runtime is dropped (the queue's sender with it).
+struct GuestPool {
+    jobs: crossbeam_channel::Sender<GuestJob>,
+    threads: usize,
+}
+
+impl GuestPool {
+    fn new(threads: usize) -> Result<Self, RuntimeError> {
+        let threads = threads.max(1);
+        let (jobs, queue) = crossbeam_channel::bounded::<GuestJob>(threads * 256);
+        for n in 0..threads {
+            let queue = queue.clone();
+            std::thread::Builder::new()
+                .name(format!("guest-{n}"))
+                .spawn(move || {
+                    while let Ok(job) = queue.recv() {
+                        job();
+                    }
+                })
+                .map_err(|e| RuntimeError::Engine(format!("starting guest threads: {e}")))?;
+        }
+        Ok(Self { jobs, threads })
+    }
 }
 
 impl std::fmt::Debug for PolicyRuntime {
@@ -269,9 +298,9 @@ impl PolicyRuntime {
             max_instances: config.max_instances,
         })?;
         let cache = ModuleCache::new(&sandbox, config.cache_dir.clone());
-        let guest_threads = Arc::new(tokio::sync::Semaphore::new(config.guest_threads.max(1)));
+        let guest_pool = GuestPool::new(config.guest_threads)?;
         Ok(Self {
-            guest_threads,
+            guest_pool,
             slots: Slot::ALL.map(SlotCell::new),
             config,
             sandbox,
@@ -339,50 +368,54 @@ impl PolicyRuntime {
         result.unwrap_or_else(Intent::Failed)
     }
 
-    /// Runs a guest call off the async runtime: on a blocking thread, at most
-    /// `guest_threads` at once, waiting at most `guest_wait` for one (then the slot's
-    /// failure, which callers treat as its safe default). A guest that loops or hoards
-    /// memory then holds guest threads until its deadline, never an async worker: requests
-    /// that do not ask a guest are not slowed by it.
+    /// Runs a guest call off the async runtime, on one of the `guest_threads` guest
+    /// threads: it waits at most `guest_wait` for one (then the slot's failure, `busy`,
+    /// which callers treat as its safe default). A guest that loops or hoards memory
+    /// then holds guest threads until its deadline, never an async worker: requests that
+    /// do not ask a guest are not slowed by it.
     async fn isolated<R: Send + 'static>(
         self: &Arc<Self>,
         slot: Slot,
         call: impl FnOnce(&PolicyRuntime) -> Result<R, GuestFailure> + Send + 'static,
     ) -> Result<R, GuestFailure> {
-        let permit = match tokio::time::timeout(
-            self.config.guest_wait,
-            Arc::clone(&self.guest_threads).acquire_owned(),
-        )
-        .await
-        {
-            Ok(Ok(permit)) => permit,
-            _ => {
-                let failure = GuestFailure::Busy {
-                    slot,
-                    reason: format!(
-                        "no guest thread free within {} ms (all {} busy: is a guest looping?)",
-                        self.config.guest_wait.as_millis(),
-                        self.config.guest_threads
-                    ),
-                };
-                self.slots[index(slot)]
-                    .stats
-                    .record_call(self.config.guest_wait, Some(&failure));
-                return Err(failure);
-            }
-        };
+        let (done, answer) = tokio::sync::oneshot::channel();
         let runtime = Arc::clone(self);
-        tokio::task::spawn_blocking(move || {
-            let _permit = permit;
-            call(&runtime)
-        })
-        .await
-        .unwrap_or_else(|e| {
-            Err(GuestFailure::Trap {
-                slot,
-                message: format!("the guest call's thread failed: {e}"),
-            })
-        })
+        let queued = std::time::Instant::now();
+        let job: GuestJob = Box::new(move || {
+            // Waited too long in the queue: the caller has given up (or soon will).
+            let result = if queued.elapsed() > runtime.config.guest_wait {
+                Err(runtime.busy(slot))
+            } else {
+                call(&runtime)
+            };
+            let _ = done.send(result);
+        });
+        if self.guest_pool.jobs.try_send(job).is_err() {
+            return Err(self.busy(slot));
+        }
+        // The call's own deadline bounds it once it runs; a second of slack for a machine
+        // that is very busy.
+        let limit = self.config.guest_wait + self.config.call_deadline + Duration::from_secs(1);
+        match tokio::time::timeout(limit, answer).await {
+            Ok(Ok(result)) => result,
+            _ => Err(self.busy(slot)),
+        }
+    }
+
+    /// The `busy` failure of `slot`, counted.
+    fn busy(&self, slot: Slot) -> GuestFailure {
+        let failure = GuestFailure::Busy {
+            slot,
+            reason: format!(
+                "no guest thread free within {} ms (all {} busy: is a guest looping?)",
+                self.config.guest_wait.as_millis(),
+                self.guest_pool.threads
+            ),
+        };
+        self.slots[index(slot)]
+            .stats
+            .record_call(self.config.guest_wait, Some(&failure));
+        failure
     }
 
     /// [`authorize`](Self::authorize) off the async runtime (see `isolated`).

@@ -227,8 +227,7 @@ pub struct PoliciesConfig {
     pub instances_per_slot: usize,
     /// Guest instances alive at once across all slots.
     pub max_instances: u32,
-    /// Guest calls running at once, each on a thread of its own; 0 = twice the cores
-    /// (at least 4).
+    /// Threads running guest calls; 0 = the number of cores (at least 2).
     pub guest_threads: usize,
     /// How long a request waits for a free guest thread before it is answered 503.
     pub guest_wait_ms: u64,
