@@ -386,7 +386,14 @@ impl PolicyRuntime {
             let result = if queued.elapsed() > runtime.config.guest_wait {
                 Err(runtime.busy(slot))
             } else {
-                call(&runtime)
+                // A panic fails this call only: the guest thread lives on.
+                std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| call(&runtime)))
+                    .unwrap_or_else(|_| {
+                        Err(GuestFailure::Trap {
+                            slot,
+                            message: "the host panicked during the guest call".into(),
+                        })
+                    })
             };
             let _ = done.send(result);
         });
@@ -398,24 +405,29 @@ impl PolicyRuntime {
         let limit = self.config.guest_wait + self.config.call_deadline + Duration::from_secs(1);
         match tokio::time::timeout(limit, answer).await {
             Ok(Ok(result)) => result,
-            _ => Err(self.busy(slot)),
+            // Counted when the job is taken off the queue (it answers busy then).
+            _ => Err(self.busy_failure(slot)),
         }
     }
 
     /// The `busy` failure of `slot`, counted.
     fn busy(&self, slot: Slot) -> GuestFailure {
-        let failure = GuestFailure::Busy {
+        let failure = self.busy_failure(slot);
+        self.slots[index(slot)]
+            .stats
+            .record_call(self.config.guest_wait, Some(&failure));
+        failure
+    }
+
+    fn busy_failure(&self, slot: Slot) -> GuestFailure {
+        GuestFailure::Busy {
             slot,
             reason: format!(
                 "no guest thread free within {} ms (all {} busy: is a guest looping?)",
                 self.config.guest_wait.as_millis(),
                 self.guest_pool.threads
             ),
-        };
-        self.slots[index(slot)]
-            .stats
-            .record_call(self.config.guest_wait, Some(&failure));
-        failure
+        }
     }
 
     /// [`authorize`](Self::authorize) off the async runtime (see `isolated`).

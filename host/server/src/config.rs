@@ -455,6 +455,19 @@ impl Config {
                 problems.push(format!("{} must be at least 1", name(key)));
             }
         }
+        // Beyond wasm32's 4 GiB a limit means nothing; a thread count like this is a typo.
+        if self.policies.memory_limit_mb > 4096 {
+            problems.push(format!(
+                "{} must be at most 4096 (a wasm32 guest cannot address more)",
+                name("policies.memory_limit_mb")
+            ));
+        }
+        if self.policies.guest_threads > 1024 {
+            problems.push(format!(
+                "{} must be at most 1024",
+                name("policies.guest_threads")
+            ));
+        }
         if self.http.tls_cert_file.is_some() != self.http.tls_key_file.is_some() {
             problems.push(format!(
                 "{} and {} go together: set both or neither",

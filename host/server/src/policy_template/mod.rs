@@ -35,7 +35,10 @@ pub fn new_guest(slot: Slot, dir: &Path) -> Result<NewGuest, String> {
             dir.display()
         ));
     }
-    let name = crate_name(dir)?;
+    // `.` or `..` name no folder: the crate is named after the real one.
+    let named = std::path::absolute(dir).map_err(|e| format!("{}: {e}", dir.display()))?;
+    let named = named.components().collect::<PathBuf>();
+    let name = crate_name(&named)?;
     let file = name.replace('-', "_");
     let (source, cases) = match slot {
         Slot::CapabilityPolicy => (
