@@ -20,7 +20,7 @@ use tokio::net::TcpListener;
 use tokio::task::JoinSet;
 use tokio_util::sync::CancellationToken;
 
-use crate::bus::{Bus, InProcessBus, RedisBus, RedisBusConfig};
+use crate::bus::{Bus, InProcessBus, RedisBus};
 use crate::config::{BotConfig, BusKind, IndexKind};
 use crate::context::{BotContext, StatusBoard};
 use crate::identity;
@@ -122,21 +122,12 @@ impl Bot {
             ),
             BusKind::Redis => {
                 let bus = Arc::new(
-                    RedisBus::connect(
-                        RedisBusConfig {
-                            url: config.bus.redis_url.clone(),
-                            prefix: config.bus.prefix.clone(),
-                            claim_idle: Duration::from_millis(config.bus.claim_idle_ms),
-                            max_deliveries: config.bus.max_deliveries,
-                            block: Duration::from_secs(2),
-                        },
-                        metrics.redis_operations.clone(),
-                    )
-                    .await
-                    .map_err(|source| StartError::Bus {
-                        url: crate::dlq::redacted(&config.bus.redis_url),
-                        source,
-                    })?,
+                    RedisBus::connect(config.bus.redis(), metrics.redis_operations.clone())
+                        .await
+                        .map_err(|source| StartError::Bus {
+                            url: crate::dlq::redacted(&config.bus.redis_url),
+                            source,
+                        })?,
                 );
                 let shared =
                     SharedState::Redis(RedisShared::new(&bus, metrics.redis_operations.clone()));

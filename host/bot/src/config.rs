@@ -156,6 +156,19 @@ pub struct BusConfig {
     pub lease_ttl_ms: u64,
 }
 
+impl BusConfig {
+    /// What the Redis bus runs with (reads wait up to 2 s for a message).
+    pub fn redis(&self) -> crate::bus::RedisBusConfig {
+        crate::bus::RedisBusConfig {
+            url: self.redis_url.clone(),
+            prefix: self.prefix.clone(),
+            claim_idle: std::time::Duration::from_millis(self.claim_idle_ms),
+            max_deliveries: self.max_deliveries,
+            block: std::time::Duration::from_secs(2),
+        }
+    }
+}
+
 impl std::fmt::Debug for BusConfig {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         // The URL may carry a password.

@@ -6,9 +6,7 @@
 //! mention back to `pending`, and the running bot's re-drive takes it up within
 //! `workers.redrive_interval_secs`.
 
-use std::time::Duration;
-
-use crate::bus::{DeadLetterEntry, RedisBus, RedisBusConfig, Topic};
+use crate::bus::{DeadLetterEntry, RedisBus, Topic};
 use crate::config::{BotConfig, BusKind};
 use crate::store::{MentionStatus, Store};
 
@@ -75,21 +73,12 @@ impl DeadLetters {
         let redis = match config.bus.kind {
             BusKind::InProcess => None,
             BusKind::Redis => Some(
-                RedisBus::connect(
-                    RedisBusConfig {
-                        url: config.bus.redis_url.clone(),
-                        prefix: config.bus.prefix.clone(),
-                        claim_idle: Duration::from_millis(config.bus.claim_idle_ms),
-                        max_deliveries: config.bus.max_deliveries,
-                        block: Duration::from_secs(2),
-                    },
-                    metrics.redis_operations.clone(),
-                )
-                .await
-                .map_err(|source| DlqError::Bus {
-                    url: redacted(&config.bus.redis_url),
-                    source,
-                })?,
+                RedisBus::connect(config.bus.redis(), metrics.redis_operations.clone())
+                    .await
+                    .map_err(|source| DlqError::Bus {
+                        url: redacted(&config.bus.redis_url),
+                        source,
+                    })?,
             ),
         };
         Ok(Self { store, redis })
