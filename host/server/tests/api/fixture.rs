@@ -369,3 +369,18 @@ pub fn signed_request(
         .header("Authorization", header.to_header_value())
         .body(body)
 }
+
+/// A test guest (`deny_all`, `hostile`; guests/testing), built next to the default
+/// guests by the runtime's build script.
+pub fn test_guest(name: &str) -> std::path::PathBuf {
+    let exe = std::env::current_exe().unwrap();
+    // target/<profile>/deps/api-xxxx → target/wasm-guests/...
+    let target = exe.ancestors().nth(3).unwrap();
+    let path = target.join(format!("wasm-guests/wasm32-wasip2/release/{name}.wasm"));
+    assert!(
+        path.exists(),
+        "{} missing (built by host/runtime/build.rs)",
+        path.display()
+    );
+    path
+}

@@ -7,21 +7,6 @@ use std::time::Instant;
 
 use crate::fixture::*;
 
-/// The hostile test guest (loops on paths with `loop`, allocates without bound on paths
-/// with `alloc`), built next to the default guests by the runtime's build script.
-fn hostile_module() -> std::path::PathBuf {
-    let exe = std::env::current_exe().unwrap();
-    // target/<profile>/deps/api-xxxx → target/wasm-guests/...
-    let target = exe.ancestors().nth(3).unwrap();
-    let path = target.join("wasm-guests/wasm32-wasip2/release/hostile.wasm");
-    assert!(
-        path.exists(),
-        "{} missing (built by host/runtime/build.rs)",
-        path.display()
-    );
-    path
-}
-
 /// Two async workers, as a small machine has: before guest calls had threads of their
 /// own, two looping calls stopped every request of the server for their deadline.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -30,7 +15,7 @@ async fn a_looping_guest_does_not_slow_requests_that_do_not_ask_it() {
         TestHost::start_single_with(|c| {
             let policies = c.policies.dir.clone();
             std::fs::create_dir_all(&policies).unwrap();
-            std::fs::copy(hostile_module(), policies.join("hostile.wasm")).unwrap();
+            std::fs::copy(test_guest("hostile"), policies.join("hostile.wasm")).unwrap();
             std::fs::write(
                 policies.join("policies.toml"),
                 "[capability-policy]\nmodule = \"hostile.wasm\"\n",

@@ -527,7 +527,7 @@ async fn hot_swap_policy_in_a_running_server() {
     );
 
     // Now the deny-all guest (built from guests/deny-all by the runtime's build script).
-    let deny_all = deny_all_module();
+    let deny_all = test_guest("deny_all");
     std::fs::copy(&deny_all, policies.join("deny_all.wasm")).unwrap();
     std::fs::write(
         policies.join("policies.toml"),
@@ -571,20 +571,6 @@ async fn hot_swap_policy_in_a_running_server() {
     if let Some(i) = first_denied {
         assert!(statuses[i..].iter().all(|s| *s == 403), "{statuses:?}");
     }
-}
-
-/// The deny-all test guest, built next to the default guests.
-fn deny_all_module() -> std::path::PathBuf {
-    let exe = std::env::current_exe().unwrap();
-    // target/<profile>/deps/api-xxxx → target/wasm-guests/...
-    let target = exe.ancestors().nth(3).unwrap();
-    let path = target.join("wasm-guests/wasm32-wasip2/release/deny_all.wasm");
-    assert!(
-        path.exists(),
-        "{} missing (built by host/runtime/build.rs)",
-        path.display()
-    );
-    path
 }
 
 /// An operator edits policies.toml of a running server: the watcher reloads it and the
