@@ -78,7 +78,7 @@ fn main() {
                 .unwrap_or_else(|e| panic!("copy {}: {e}", from.display()));
         }
     }
-    // Test guests (hostile, deny-all, wrong-world) are read from here by the tests.
+    // Test guests (hostile, deny-all, wrong-world, policy-v0-1) are read from here by the tests.
     println!("cargo:rustc-env=HOMESERVER_TEST_GUESTS={}", built.display());
 }
 

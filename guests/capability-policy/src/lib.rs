@@ -1,6 +1,7 @@
-//! The default capability-policy guest: the WIT glue around [`rules`]. Asked on every
-//! authorized request; the rules come from the slot's `config` (operator path rules)
-//! and the request (session capabilities).
+//! The default capability-policy guest (WIT 0.2.0): the WIT glue around [`rules`].
+//! Asked on every request to a space, public reads included; the rules come from the
+//! slot's `config` (operator path rules) and the request (session capabilities). The
+//! method, listing flag and size of 0.2.0 are not needed by these rules.
 
 mod rules;
 
@@ -27,6 +28,7 @@ impl Guest for Policy {
             Operation::Write => rules::Operation::Write,
         };
         let caller = match &req.caller {
+            Caller::Public => rules::Caller::Public,
             Caller::Owner => rules::Caller::Owner,
             Caller::Session(capabilities) => rules::Caller::Session(capabilities),
         };

@@ -4,7 +4,9 @@
 //! 1. `deny-prefixes` (operator rule): no operation for anyone, owners included.
 //! 2. `read-only-prefixes` (operator rule): no write for anyone, owners included.
 //! 3. The owner may do anything else.
-//! 4. A session needs a capability `<read|write|*>:<prefix>` whose action allows the
+//! 4. The public (an anonymous read, WIT 0.2.0) may read anything else; it never
+//!    writes (the host does not even ask).
+//! 5. A session needs a capability `<read|write|*>:<prefix>` whose action allows the
 //!    operation and whose prefix covers the path: a prefix ending in `/` covers every
 //!    path under it, any other prefix exactly that path (DESIGN.md, "Sessions and
 //!    capabilities"). Anything else is denied.
@@ -28,6 +30,8 @@ impl Operation {
 /// Who asks.
 #[derive(Debug, Clone, Copy)]
 pub enum Caller<'a> {
+    /// Anyone, reading without credentials for the space.
+    Public,
     Owner,
     Session(&'a [String]),
 }
@@ -90,6 +94,10 @@ impl Rules {
         }
         match caller {
             Caller::Owner => Decision::allow("owner".to_owned()),
+            Caller::Public if operation == Operation::Read => {
+                Decision::allow("public read".to_owned())
+            }
+            Caller::Public => Decision::deny("the public cannot write".to_owned()),
             Caller::Session(capabilities) => {
                 match capabilities
                     .iter()
@@ -177,6 +185,9 @@ mod tests {
         assert!(!rules.decide(Operation::Read, "/pub/secret/x", owner).allow);
         assert!(!rules.decide(Operation::Read, "/pub/exact", owner).allow);
         assert!(rules.decide(Operation::Read, "/pub/exactly", owner).allow);
+        assert!(!rules.decide(Operation::Read, "/pub/secret/x", Caller::Public).allow);
+        assert!(rules.decide(Operation::Read, "/pub/archive/x", Caller::Public).allow);
+        assert!(!rules.decide(Operation::Write, "/pub/x", Caller::Public).allow);
         let all = caps(&["*:/pub/"]);
         assert!(
             !rules
@@ -211,12 +222,11 @@ mod tests {
                         .map(|v| v.as_str().expect("string").to_owned())
                         .collect()
                 });
-            let caller = match &session {
-                Some(c) => Caller::Session(c),
-                None => {
-                    assert_eq!(input["caller"], "owner", "{name}");
-                    Caller::Owner
-                }
+            let caller = match (&session, input["caller"].as_str()) {
+                (Some(c), _) => Caller::Session(c),
+                (None, Some("owner")) => Caller::Owner,
+                (None, Some("public")) => Caller::Public,
+                (None, other) => panic!("{name}: bad caller {other:?}"),
             };
             let decision = rules.decide(operation, path, caller);
             assert_eq!(

@@ -1,7 +1,9 @@
 //! Host bindings generated from WIT, all in this one module: the three slot worlds of
 //! `wit/guest.wit` (they share the `config` import, generated once in
-//! `capability_policy` and reused by the others) and the WASI subset the sandbox
-//! provides (`wit-wasi/sandbox.wit`, implemented in `wasi_shim`).
+//! `capability_policy` and reused by the others), the same worlds of the frozen 0.1.0
+//! contract (`wit/v0.1.0`, module [`v0_1`]: guests built for it still load; `module`
+//! maps their types), and the WASI subset the sandbox provides (`wit-wasi/sandbox.wit`,
+//! implemented in `wasi_shim`).
 
 pub mod capability_policy {
     wasmtime::component::bindgen!({
@@ -28,6 +30,38 @@ pub mod intent_classifier {
             "homeserver:guest/config": super::capability_policy::homeserver::guest::config,
         },
     });
+}
+
+/// WIT 0.1.0, frozen: never regenerate from anything but `wit/v0.1.0`.
+pub mod v0_1 {
+    pub mod capability_policy {
+        wasmtime::component::bindgen!({
+            path: "../../wit/v0.1.0",
+            world: "capability-policy",
+        });
+    }
+
+    pub mod safety_filter {
+        wasmtime::component::bindgen!({
+            path: "../../wit/v0.1.0",
+            world: "safety-filter",
+            with: {
+                "homeserver:guest/config": super::capability_policy::homeserver::guest::config,
+            },
+        });
+    }
+
+    pub mod intent_classifier {
+        wasmtime::component::bindgen!({
+            path: "../../wit/v0.1.0",
+            world: "intent-classifier",
+            with: {
+                "homeserver:guest/config": super::capability_policy::homeserver::guest::config,
+            },
+        });
+    }
+
+    pub use capability_policy::homeserver::guest::config as guest_config;
 }
 
 pub mod wasi {

@@ -1,6 +1,6 @@
 //! The homeserver's Wasm guest runtime.
 //!
-//! Three slots — the capability policy (asked on every authorized request), the safety
+//! Three slots — the capability policy (asked on every request to a space), the safety
 //! filter and the intent classifier (both used by the bot) — are each served by a
 //! WebAssembly component written against `wit/guest.wit`. [`PolicyRuntime`] loads them
 //! from the policies directory (`policies.toml` names module and data per slot; the
@@ -25,12 +25,12 @@
 //!
 //! let runtime = Arc::new(PolicyRuntime::load(RuntimeConfig::default())?);
 //! let _watch = runtime.watch()?;
-//! let decision = runtime.authorize(&AuthorizeRequest {
-//!     operation: Operation::Write,
-//!     path: "/pub/app/post".into(),
-//!     caller: Caller::Session { capabilities: vec!["write:/pub/app/".into()] },
-//!     user: "8pinxxgqs41n4aididenw5apqp1urfmzdztr8jt4abrkdn435ewo".into(),
-//! });
+//! let decision = runtime.authorize(&AuthorizeRequest::new(
+//!     Operation::Write,
+//!     "/pub/app/post",
+//!     Caller::Session { capabilities: vec!["write:/pub/app/".into()] },
+//!     "8pinxxgqs41n4aididenw5apqp1urfmzdztr8jt4abrkdn435ewo".into(),
+//! ));
 //! assert!(decision.is_ok_and(|d| d.allow));
 //! # Ok::<(), homeserver_runtime::RuntimeError>(())
 //! ```
@@ -62,7 +62,7 @@ pub use tools::{
     golden_cases, parse_cases,
 };
 pub use types::{
-    AuthorizeRequest, Caller, Decision, Intent, IntentAction, Operation, SafetyVerdict, Slot,
-    TermMatch, UnknownSlot,
+    AuthorizeRequest, Caller, Decision, Intent, IntentAction, Method, Operation, SafetyVerdict,
+    Slot, TermMatch, UnknownSlot, WIT_VERSIONS,
 };
 pub use watch::WatchHandle;

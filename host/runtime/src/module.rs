@@ -7,6 +7,13 @@
 //! Callers hold an `Arc<LoadedModule>` for the duration of a call, so a hot swap never
 //! pulls a module out from under an in-flight call: the call finishes on the module it
 //! started on, and the old module's instances go away with its last `Arc`.
+//!
+//! Versions: a component is checked against the current world (WIT 0.2.0) first, then
+//! against the frozen 0.1.0 one; either way callers see the same plain types (this
+//! module maps them). A 0.1.0 policy has no public caller: public reads are allowed
+//! without asking it. A 0.2.0 policy's answers to public reads are cached per module
+//! (the WIT requires `authorize` to depend on its request and config only), so a hot
+//! public GET costs a cache lookup, not a guest call.
 
 use std::sync::{Arc, Mutex};
 use std::time::{Instant, SystemTime};
@@ -19,13 +26,18 @@ use crate::bindings::capability_policy::{CapabilityPolicy, CapabilityPolicyPre};
 use crate::bindings::intent_classifier::exports::homeserver::guest::intent as wit_intent;
 use crate::bindings::intent_classifier::{IntentClassifier, IntentClassifierPre};
 use crate::bindings::safety_filter::{SafetyFilter, SafetyFilterPre};
+use crate::bindings::v0_1;
 use crate::error::GuestFailure;
 use crate::policies::{ModuleSource, SlotConfig};
 use crate::sandbox::{GuestState, Sandbox};
 use crate::stats::StatsCell;
 use crate::types::{
-    AuthorizeRequest, Caller, Decision, Intent, IntentAction, Operation, Slot, TermMatch,
+    AuthorizeRequest, Caller, Decision, Intent, IntentAction, Method, Operation, Slot, TermMatch,
+    WIT_VERSIONS,
 };
+
+/// Public decisions kept per loaded module (a few hundred bytes each).
+const PUBLIC_DECISIONS: usize = 50_000;
 
 /// What is known about a loaded module, for status reports.
 #[derive(Debug, Clone)]
@@ -35,6 +47,8 @@ pub(crate) struct ModuleInfo {
     pub fingerprint: blake3::Hash,
     pub loaded_at: SystemTime,
     pub from_cache: bool,
+    /// The guest contract version the module was built for (one of [`WIT_VERSIONS`]).
+    pub wit_version: &'static str,
 }
 
 /// Instance pool settings.
@@ -51,22 +65,46 @@ enum Pre {
     Policy(CapabilityPolicyPre<GuestState>),
     Safety(SafetyFilterPre<GuestState>),
     Intent(IntentClassifierPre<GuestState>),
+    PolicyV01(v0_1::capability_policy::CapabilityPolicyPre<GuestState>),
+    SafetyV01(v0_1::safety_filter::SafetyFilterPre<GuestState>),
+    IntentV01(v0_1::intent_classifier::IntentClassifierPre<GuestState>),
 }
 
 enum Exports {
     Policy(CapabilityPolicy),
     Safety(SafetyFilter),
     Intent(IntentClassifier),
+    PolicyV01(v0_1::capability_policy::CapabilityPolicy),
+    SafetyV01(v0_1::safety_filter::SafetyFilter),
+    IntentV01(v0_1::intent_classifier::IntentClassifier),
 }
 
 impl Pre {
-    /// Type-checks the exports against the slot's world.
-    fn new(slot: Slot, pre: InstancePre<GuestState>) -> wasmtime::Result<Self> {
-        Ok(match slot {
-            Slot::CapabilityPolicy => Pre::Policy(CapabilityPolicyPre::new(pre)?),
-            Slot::SafetyFilter => Pre::Safety(SafetyFilterPre::new(pre)?),
-            Slot::IntentClassifier => Pre::Intent(IntentClassifierPre::new(pre)?),
-        })
+    /// Type-checks the exports against the slot's world: the current version, else the
+    /// frozen 0.1.0 one. The error is the current version's (what a new guest must fix).
+    fn new(slot: Slot, pre: InstancePre<GuestState>) -> wasmtime::Result<(Self, &'static str)> {
+        let [current, v0_1] = WIT_VERSIONS;
+        let now = match slot {
+            Slot::CapabilityPolicy => CapabilityPolicyPre::new(pre.clone()).map(Pre::Policy),
+            Slot::SafetyFilter => SafetyFilterPre::new(pre.clone()).map(Pre::Safety),
+            Slot::IntentClassifier => IntentClassifierPre::new(pre.clone()).map(Pre::Intent),
+        };
+        let error = match now {
+            Ok(pre) => return Ok((pre, current)),
+            Err(e) => e,
+        };
+        let old = match slot {
+            Slot::CapabilityPolicy => {
+                v0_1::capability_policy::CapabilityPolicyPre::new(pre).map(Pre::PolicyV01)
+            }
+            Slot::SafetyFilter => {
+                v0_1::safety_filter::SafetyFilterPre::new(pre).map(Pre::SafetyV01)
+            }
+            Slot::IntentClassifier => {
+                v0_1::intent_classifier::IntentClassifierPre::new(pre).map(Pre::IntentV01)
+            }
+        };
+        old.map(|pre| (pre, v0_1)).map_err(|_| error)
     }
 
     fn instantiate(&self, store: &mut Store<GuestState>) -> wasmtime::Result<Exports> {
@@ -74,7 +112,63 @@ impl Pre {
             Pre::Policy(pre) => Exports::Policy(pre.instantiate(&mut *store)?),
             Pre::Safety(pre) => Exports::Safety(pre.instantiate(&mut *store)?),
             Pre::Intent(pre) => Exports::Intent(pre.instantiate(&mut *store)?),
+            Pre::PolicyV01(pre) => Exports::PolicyV01(pre.instantiate(&mut *store)?),
+            Pre::SafetyV01(pre) => Exports::SafetyV01(pre.instantiate(&mut *store)?),
+            Pre::IntentV01(pre) => Exports::IntentV01(pre.instantiate(&mut *store)?),
         })
+    }
+
+    /// Whether the module can answer about the public caller (0.2.0 and later).
+    fn knows_public(&self) -> bool {
+        matches!(self, Pre::Policy(_))
+    }
+}
+
+/// The key of a cached public decision.
+#[derive(Debug, Clone, PartialEq, Eq, Hash)]
+struct PublicQuestion {
+    user: String,
+    path: String,
+    method: Method,
+    listing: bool,
+}
+
+/// [`PublicQuestion`] borrowed from a request (a lookup allocates nothing). Its derived
+/// `Hash` hashes the same values in the same order as the owned key's.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+struct PublicQuestionRef<'a> {
+    user: &'a str,
+    path: &'a str,
+    method: Method,
+    listing: bool,
+}
+
+impl quick_cache::Equivalent<PublicQuestion> for PublicQuestionRef<'_> {
+    fn equivalent(&self, key: &PublicQuestion) -> bool {
+        self.user == key.user
+            && self.path == key.path
+            && self.method == key.method
+            && self.listing == key.listing
+    }
+}
+
+impl<'a> PublicQuestionRef<'a> {
+    fn of(req: &'a AuthorizeRequest) -> Option<Self> {
+        (req.caller == Caller::Public && req.operation == Operation::Read).then(|| Self {
+            user: &req.user,
+            path: &req.path,
+            method: req.method(),
+            listing: req.listing(),
+        })
+    }
+
+    fn owned(self) -> PublicQuestion {
+        PublicQuestion {
+            user: self.user.to_owned(),
+            path: self.path.to_owned(),
+            method: self.method,
+            listing: self.listing,
+        }
     }
 }
 
@@ -92,6 +186,8 @@ pub(crate) struct LoadedModule {
     config: Arc<SlotConfig>,
     pool: PoolOptions,
     idle: Mutex<Vec<Warm>>,
+    /// Answers to public reads (0.2.0 policies only); they go with the module.
+    public_decisions: quick_cache::sync::Cache<PublicQuestion, Decision>,
 }
 
 impl LoadedModule {
@@ -109,20 +205,24 @@ impl LoadedModule {
         let instance_pre = sandbox
             .instance_pre(component)
             .map_err(|e| format!("{e:#}"))?;
-        let pre = Pre::new(slot, instance_pre).map_err(|e| {
+        let (pre, wit_version) = Pre::new(slot, instance_pre).map_err(|e| {
             format!(
-                "{e:#} (a guest for this slot must export {})",
+                "{e:#} (a guest for this slot must export {}, or the 0.1.0 version of it)",
                 slot.interface()
             )
         })?;
         Ok(Self {
             slot,
-            info,
+            info: ModuleInfo {
+                wit_version,
+                ..info
+            },
             sandbox,
             pre,
             config: Arc::new(config),
             pool,
             idle: Mutex::new(Vec::new()),
+            public_decisions: quick_cache::sync::Cache::new(PUBLIC_DECISIONS),
         })
     }
 
@@ -136,7 +236,22 @@ impl LoadedModule {
             config: Arc::new(config),
             pool: self.pool,
             idle: Mutex::new(Vec::new()),
+            public_decisions: quick_cache::sync::Cache::new(PUBLIC_DECISIONS),
         }
+    }
+
+    /// The answer to `req` known without calling the guest: a public read asked of a
+    /// 0.1.0 policy (allowed: that contract had no public caller, and public data was
+    /// readable by anyone), or one answered before. `None`: call [`Self::authorize`].
+    pub(crate) fn known_decision(&self, req: &AuthorizeRequest) -> Option<Decision> {
+        let question = PublicQuestionRef::of(req)?;
+        if !self.pre.knows_public() {
+            return Some(Decision {
+                allow: true,
+                reason: "public read (a 0.1.0 policy is not asked about public reads)".into(),
+            });
+        }
+        self.public_decisions.get(&question)
     }
 
     /// Runs `call` on a warm or fresh instance and records it in `stats`.
@@ -204,6 +319,25 @@ impl LoadedModule {
         stats: &StatsCell,
         req: &AuthorizeRequest,
     ) -> Result<Decision, GuestFailure> {
+        if let Some(decision) = self.known_decision(req) {
+            return Ok(decision);
+        }
+        let decision = match &self.pre {
+            Pre::PolicyV01(_) => self.authorize_v0_1(stats, req)?,
+            _ => self.authorize_current(stats, req)?,
+        };
+        if let Some(question) = PublicQuestionRef::of(req) {
+            self.public_decisions
+                .insert(question.owned(), decision.clone());
+        }
+        Ok(decision)
+    }
+
+    fn authorize_current(
+        &self,
+        stats: &StatsCell,
+        req: &AuthorizeRequest,
+    ) -> Result<Decision, GuestFailure> {
         let request = wit_policy::Request {
             operation: match req.operation {
                 Operation::Read => wit_policy::Operation::Read,
@@ -211,15 +345,63 @@ impl LoadedModule {
             },
             path: req.path.clone(),
             caller: match &req.caller {
+                Caller::Public => wit_policy::Caller::Public,
                 Caller::Owner => wit_policy::Caller::Owner,
                 Caller::Session { capabilities } => {
                     wit_policy::Caller::Session(capabilities.clone())
                 }
             },
             user: req.user.clone(),
+            method: match req.method() {
+                Method::Get => wit_policy::Method::Get,
+                Method::Head => wit_policy::Method::Head,
+                Method::Put => wit_policy::Method::Put,
+                Method::Delete => wit_policy::Method::Delete,
+            },
+            listing: req.listing(),
+            size: req.size,
         };
         self.call(stats, |exports, store| match exports {
             Exports::Policy(guest) => guest
+                .homeserver_guest_policy()
+                .call_authorize(store, &request),
+            _ => wasmtime::bail!("module loaded into the wrong slot"),
+        })
+        .map(|d| Decision {
+            allow: d.allow,
+            reason: d.reason,
+        })
+    }
+
+    /// A 0.1.0 policy: the request without the 0.2.0 details. (Public reads never get
+    /// here: see [`Self::known_decision`].)
+    fn authorize_v0_1(
+        &self,
+        stats: &StatsCell,
+        req: &AuthorizeRequest,
+    ) -> Result<Decision, GuestFailure> {
+        use v0_1::capability_policy::exports::homeserver::guest::policy as old;
+        let caller = match &req.caller {
+            Caller::Owner => old::Caller::Owner,
+            Caller::Session { capabilities } => old::Caller::Session(capabilities.clone()),
+            Caller::Public => {
+                return Ok(Decision {
+                    allow: false,
+                    reason: "the public cannot write".into(),
+                });
+            }
+        };
+        let request = old::Request {
+            operation: match req.operation {
+                Operation::Read => old::Operation::Read,
+                Operation::Write => old::Operation::Write,
+            },
+            path: req.path.clone(),
+            caller,
+            user: req.user.clone(),
+        };
+        self.call(stats, |exports, store| match exports {
+            Exports::PolicyV01(guest) => guest
                 .homeserver_guest_policy()
                 .call_authorize(store, &request),
             _ => wasmtime::bail!("module loaded into the wrong slot"),
@@ -236,25 +418,35 @@ impl LoadedModule {
         text: &str,
     ) -> Result<(bool, Vec<TermMatch>), GuestFailure> {
         self.call(stats, |exports, store| match exports {
-            Exports::Safety(guest) => guest.homeserver_guest_safety().call_check(store, text),
+            Exports::Safety(guest) => {
+                let verdict = guest.homeserver_guest_safety().call_check(store, text)?;
+                let matches = verdict.matches.into_iter().map(|m| (m.term, m.list_name));
+                Ok((verdict.blocked, matches.collect::<Vec<_>>()))
+            }
+            // 0.1.0: the same record under the old package name.
+            Exports::SafetyV01(guest) => {
+                let verdict = guest.homeserver_guest_safety().call_check(store, text)?;
+                let matches = verdict.matches.into_iter().map(|m| (m.term, m.list_name));
+                Ok((verdict.blocked, matches.collect::<Vec<_>>()))
+            }
             _ => wasmtime::bail!("module loaded into the wrong slot"),
         })
-        .map(|verdict| {
-            let matches = verdict
-                .matches
+        .map(|(blocked, matches)| {
+            let matches = matches
                 .into_iter()
-                .map(|m| TermMatch {
-                    term: m.term,
-                    list: m.list_name,
-                })
+                .map(|(term, list)| TermMatch { term, list })
                 .collect();
-            (verdict.blocked, matches)
+            (blocked, matches)
         })
     }
 
     pub(crate) fn classify(&self, stats: &StatsCell, text: &str) -> Result<Intent, GuestFailure> {
         self.call(stats, |exports, store| match exports {
             Exports::Intent(guest) => guest.homeserver_guest_intent().call_classify(store, text),
+            Exports::IntentV01(guest) => guest
+                .homeserver_guest_intent()
+                .call_classify(store, text)
+                .map(intent_from_v0_1),
             _ => wasmtime::bail!("module loaded into the wrong slot"),
         })
         .map(|outcome| match outcome {
@@ -273,5 +465,25 @@ impl LoadedModule {
             },
             wit_intent::Outcome::Ambiguous(matched) => Intent::Ambiguous { matched },
         })
+    }
+}
+
+/// A 0.1.0 classifier's answer as the current type (the same shape).
+fn intent_from_v0_1(
+    outcome: v0_1::intent_classifier::exports::homeserver::guest::intent::Outcome,
+) -> wit_intent::Outcome {
+    use v0_1::intent_classifier::exports::homeserver::guest::intent as old;
+    match outcome {
+        old::Outcome::Classified(c) => {
+            wit_intent::Outcome::Classified(wit_intent::Classification {
+                action: match c.action {
+                    old::Action::Summary => wit_intent::Action::Summary,
+                    old::Action::Factcheck => wit_intent::Action::Factcheck,
+                },
+                confidence: c.confidence,
+                matched: c.matched,
+            })
+        }
+        old::Outcome::Ambiguous(matched) => wit_intent::Outcome::Ambiguous(matched),
     }
 }

@@ -159,6 +159,9 @@ pub struct SlotStatus {
     pub loaded_at: Option<u64>,
     /// Whether its compilation came from the cache.
     pub from_cache: Option<bool>,
+    /// The guest contract version the module was built for (`0.2.0`, or `0.1.0`: then
+    /// the policy is not asked about public reads).
+    pub wit_version: Option<&'static str>,
     /// The last failed load (cleared by a successful or unchanged reload).
     pub last_error: Option<String>,
     pub last_error_at: Option<u64>,
@@ -430,13 +433,46 @@ impl PolicyRuntime {
         }
     }
 
-    /// [`authorize`](Self::authorize) off the async runtime (see `isolated`).
+    /// [`authorize`](Self::authorize) off the async runtime (see `isolated`). A public
+    /// read answered before (or asked of a 0.1.0 policy) is answered here, without a
+    /// guest thread.
     pub async fn authorize_isolated(
         self: &Arc<Self>,
         req: AuthorizeRequest,
     ) -> Result<Decision, GuestFailure> {
+        if let Some(decision) = self
+            .module(Slot::CapabilityPolicy)
+            .and_then(|m| m.known_decision(&req))
+        {
+            return Ok(decision);
+        }
         self.isolated(Slot::CapabilityPolicy, move |rt| rt.authorize(&req))
             .await
+    }
+
+    /// Asks about several requests (the entries of a public listing's page) in one
+    /// guest-thread visit; the answers are in the requests' order. Those answered
+    /// before are not asked again.
+    pub async fn authorize_many_isolated(
+        self: &Arc<Self>,
+        requests: Vec<AuthorizeRequest>,
+    ) -> Result<Vec<Decision>, GuestFailure> {
+        let module = self.module(Slot::CapabilityPolicy);
+        let known: Vec<Option<Decision>> = requests
+            .iter()
+            .map(|req| module.as_ref().and_then(|m| m.known_decision(req)))
+            .collect();
+        if known.iter().all(Option::is_some) {
+            return Ok(known.into_iter().flatten().collect());
+        }
+        self.isolated(Slot::CapabilityPolicy, move |rt| {
+            requests
+                .iter()
+                .zip(known)
+                .map(|(req, known)| known.map_or_else(|| rt.authorize(req), Ok))
+                .collect()
+        })
+        .await
     }
 
     /// [`check_text`](Self::check_text) off the async runtime (see `isolated`).
@@ -568,6 +604,8 @@ impl PolicyRuntime {
             fingerprint: resolved.fingerprint,
             loaded_at: SystemTime::now(),
             from_cache,
+            // Set by `LoadedModule::new` from what the component exports.
+            wit_version: crate::types::WIT_VERSIONS[0],
         };
         let pool = PoolOptions {
             idle_max: self.config.instances_per_slot.max(1),
@@ -614,6 +652,7 @@ impl PolicyRuntime {
                         .map(|m| m.info.module_hash.to_hex().to_string()),
                     loaded_at: current.as_ref().map(|m| unix_seconds(m.info.loaded_at)),
                     from_cache: current.as_ref().map(|m| m.info.from_cache),
+                    wit_version: current.as_ref().map(|m| m.info.wit_version),
                     last_error,
                     last_error_at,
                     safe_default: cell.slot.safe_default(),
@@ -652,12 +691,7 @@ pub(crate) fn test_call(module: &LoadedModule) -> Result<(), GuestFailure> {
         Slot::CapabilityPolicy => module
             .authorize(
                 &stats,
-                &AuthorizeRequest {
-                    operation: Operation::Read,
-                    path: "/pub/".to_owned(),
-                    caller: Caller::Owner,
-                    user: String::new(),
-                },
+                &AuthorizeRequest::new(Operation::Read, "/pub/", Caller::Owner, String::new()),
             )
             .map(drop),
         Slot::SafetyFilter => module.check_text(&stats, "hello world").map(drop),

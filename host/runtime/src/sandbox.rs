@@ -70,6 +70,17 @@ pub(crate) struct GuestLimiter {
     memory_hit: bool,
 }
 
+/// The 0.1.0 `config` import: the same two functions.
+impl bindings::v0_1::guest_config::Host for GuestState {
+    fn get(&mut self, key: String) -> Option<String> {
+        bindings::guest_config::Host::get(self, key)
+    }
+
+    fn keys(&mut self) -> Vec<String> {
+        bindings::guest_config::Host::keys(self)
+    }
+}
+
 impl ResourceLimiter for GuestLimiter {
     fn memory_growing(
         &mut self,
@@ -270,6 +281,10 @@ fn engine_config(limits: &SandboxLimits, pooling: bool) -> Config {
 fn linker(engine: &Engine) -> wasmtime::Result<Linker<GuestState>> {
     let mut linker = Linker::new(engine);
     bindings::guest_config::add_to_linker::<GuestState, HasSelf<GuestState>>(
+        &mut linker,
+        |state| state,
+    )?;
+    bindings::v0_1::guest_config::add_to_linker::<GuestState, HasSelf<GuestState>>(
         &mut linker,
         |state| state,
     )?;

@@ -97,7 +97,10 @@ pub struct CheckReport {
     pub blake3: String,
     pub size_bytes: usize,
     pub compile_ms: f64,
-    /// The slot's golden cases (how the built-in guest behaves).
+    /// The guest contract version the module was built for.
+    pub wit_version: &'static str,
+    /// The slot's golden cases (how the built-in guest behaves). A 0.1.0 policy is not
+    /// run on the cases of the public caller, which that contract did not have.
     pub cases: Vec<CaseResult>,
     /// The author's own cases (`policy check --cases`).
     pub own: Vec<CaseResult>,
@@ -155,6 +158,7 @@ pub fn check_module_with(
         fingerprint: resolved.fingerprint,
         loaded_at: std::time::SystemTime::now(),
         from_cache: false,
+        wit_version: crate::types::WIT_VERSIONS[0],
     };
     let pool = PoolOptions {
         idle_max: 1,
@@ -192,7 +196,13 @@ pub fn check_module_with(
         };
         run_case(target.as_ref().unwrap_or(&module), slot, case)
     };
-    let cases = golden_cases(slot).into_iter().map(run).collect();
+    let wit_version = module.info.wit_version;
+    let asks_public = wit_version != crate::types::WIT_VERSIONS[1];
+    let cases = golden_cases(slot)
+        .into_iter()
+        .filter(|case| asks_public || case.input.get("caller") != Some(&"public".into()))
+        .map(run)
+        .collect();
     let own = own.into_iter().map(run).collect();
     Ok(CheckReport {
         slot,
@@ -200,6 +210,7 @@ pub fn check_module_with(
         blake3: resolved.module_hash.to_hex().to_string(),
         size_bytes: resolved.bytes.len(),
         compile_ms,
+        wit_version,
         cases,
         own,
     })

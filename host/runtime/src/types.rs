@@ -37,12 +37,13 @@ impl Slot {
         }
     }
 
-    /// The interface a guest for this slot must export.
+    /// The interface a guest for this slot exports in the current contract (the host
+    /// also loads guests of the versions in [`WIT_VERSIONS`]).
     pub fn interface(self) -> &'static str {
         match self {
-            Slot::CapabilityPolicy => "homeserver:guest/policy@0.1.0",
-            Slot::SafetyFilter => "homeserver:guest/safety@0.1.0",
-            Slot::IntentClassifier => "homeserver:guest/intent@0.1.0",
+            Slot::CapabilityPolicy => "homeserver:guest/policy@0.2.0",
+            Slot::SafetyFilter => "homeserver:guest/safety@0.2.0",
+            Slot::IntentClassifier => "homeserver:guest/intent@0.2.0",
         }
     }
 
@@ -55,6 +56,10 @@ impl Slot {
         }
     }
 }
+
+/// The versions of the guest contract (`homeserver:guest`) the host loads, newest first:
+/// `wit/guest.wit` and the frozen `wit/v0.1.0/guest.wit`.
+pub const WIT_VERSIONS: [&str; 2] = ["0.2.0", "0.1.0"];
 
 impl fmt::Display for Slot {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
@@ -86,10 +91,23 @@ pub enum Operation {
     Write,
 }
 
+/// The HTTP method of the request (WIT 0.2.0).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum Method {
+    Get,
+    Head,
+    Put,
+    Delete,
+}
+
 /// Who asks.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(rename_all = "lowercase")]
 pub enum Caller {
+    /// Anyone, reading without credentials for the space (WIT 0.2.0; a 0.1.0 policy is
+    /// not asked: the host allows).
+    Public,
     /// A request signed with the space owner's key.
     Owner,
     /// A session with its capability strings (`<read|write|*>:<path prefix>`).
@@ -97,7 +115,9 @@ pub enum Caller {
 }
 
 /// One question to the capability policy. JSON: `{"operation": "read", "path":
-/// "/pub/x", "caller": "owner" | {"session": {"capabilities": [..]}}, "user": "<z32>"}`.
+/// "/pub/x", "caller": "public" | "owner" | {"session": {"capabilities": [..]}},
+/// "user": "<z32>"}`, optionally with `"method"`, `"listing"` and `"size"` (by default
+/// GET for a read, PUT for a write, a listing when the path ends in `/`, no size).
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct AuthorizeRequest {
     pub operation: Operation,
@@ -107,6 +127,46 @@ pub struct AuthorizeRequest {
     /// z-base-32 public key of the space owner.
     #[serde(default)]
     pub user: String,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub method: Option<Method>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub listing: Option<bool>,
+    /// The declared size of the value written (a PUT with `Content-Length`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub size: Option<u64>,
+}
+
+impl AuthorizeRequest {
+    /// A request with the defaults for the 0.2.0 details (see the type's docs).
+    pub fn new(
+        operation: Operation,
+        path: impl Into<String>,
+        caller: Caller,
+        user: String,
+    ) -> Self {
+        Self {
+            operation,
+            path: path.into(),
+            caller,
+            user,
+            method: None,
+            listing: None,
+            size: None,
+        }
+    }
+
+    /// The method, or the default for the operation.
+    pub fn method(&self) -> Method {
+        self.method.unwrap_or(match self.operation {
+            Operation::Read => Method::Get,
+            Operation::Write => Method::Put,
+        })
+    }
+
+    /// Whether this asks about a listing (by default: the path ends in `/`).
+    pub fn listing(&self) -> bool {
+        self.listing.unwrap_or_else(|| self.path.ends_with('/'))
+    }
 }
 
 /// The policy's answer. A guest *failure* is not a `Decision`: see
@@ -249,6 +309,16 @@ mod tests {
             serde_json::from_str(r#"{"operation":"read","path":"/pub/a","caller":"owner"}"#)
                 .unwrap();
         assert_eq!(owner.caller, Caller::Owner);
+        assert_eq!(
+            (owner.method(), owner.listing(), owner.size),
+            (Method::Get, false, None)
+        );
+        let public: AuthorizeRequest = serde_json::from_str(
+            r#"{"operation":"read","path":"/pub/","caller":"public","method":"head"}"#,
+        )
+        .unwrap();
+        assert_eq!(public.caller, Caller::Public);
+        assert_eq!((public.method(), public.listing()), (Method::Head, true));
         let session: AuthorizeRequest = serde_json::from_str(
             r#"{"operation":"write","path":"/pub/a","caller":{"session":{"capabilities":["write:/pub/"]}},"user":"u"}"#,
         )

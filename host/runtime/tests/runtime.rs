@@ -59,23 +59,18 @@ fn config(dir: &Path) -> RuntimeConfig {
 }
 
 fn session(capabilities: &[&str], operation: Operation, path: &str) -> AuthorizeRequest {
-    AuthorizeRequest {
+    AuthorizeRequest::new(
         operation,
-        path: path.to_owned(),
-        caller: Caller::Session {
+        path,
+        Caller::Session {
             capabilities: capabilities.iter().map(|c| (*c).to_owned()).collect(),
         },
-        user: String::new(),
-    }
+        String::new(),
+    )
 }
 
 fn owner(operation: Operation, path: &str) -> AuthorizeRequest {
-    AuthorizeRequest {
-        operation,
-        path: path.to_owned(),
-        caller: Caller::Owner,
-        user: String::new(),
-    }
+    AuthorizeRequest::new(operation, path, Caller::Owner, String::new())
 }
 
 /// Replaces a file the way an operator's `cp new.wasm policies/x.wasm` would end up:
@@ -170,6 +165,100 @@ fn operator_config_restricts_owners() {
     );
 }
 
+fn public(path: &str) -> AuthorizeRequest {
+    AuthorizeRequest::new(Operation::Read, path, Caller::Public, String::new())
+}
+
+/// WIT 0.2.0: the operator's deny-prefixes bind the public too, and public answers are
+/// cached with the module (a swap starts afresh).
+#[test]
+fn the_policy_decides_public_reads() {
+    let dir = policies_dir();
+    let toml = std::fs::read_to_string(dir.path().join("policies.toml")).unwrap();
+    let toml = toml.replace("deny-prefixes = []", "deny-prefixes = [\"/pub/hidden/\"]");
+    std::fs::write(dir.path().join("policies.toml"), toml).unwrap();
+    let runtime = PolicyRuntime::load(config(dir.path())).unwrap();
+    assert_eq!(runtime.status()[0].wit_version, Some("0.2.0"));
+    let calls = || runtime.stats()[0].calls;
+    let before = calls();
+    assert!(!runtime.authorize(&public("/pub/hidden/x")).unwrap().allow);
+    assert!(!runtime.authorize(&public("/pub/hidden/")).unwrap().allow);
+    assert!(runtime.authorize(&public("/pub/open/x")).unwrap().allow);
+    assert_eq!(calls(), before + 3);
+    // Asked again: from the cache, the guest is not called.
+    for _ in 0..10 {
+        assert!(!runtime.authorize(&public("/pub/hidden/x")).unwrap().allow);
+        assert!(runtime.authorize(&public("/pub/open/x")).unwrap().allow);
+    }
+    assert_eq!(calls(), before + 3);
+    // Another method or the listing flag is another question.
+    let mut head = public("/pub/open/x");
+    head.method = Some(homeserver_runtime::Method::Head);
+    assert!(runtime.authorize(&head).unwrap().allow);
+    assert_eq!(calls(), before + 4);
+
+    // A new policy (deny-all) answers afresh: nothing of the old module's cache stays.
+    std::fs::copy(guest("deny_all"), dir.path().join("capability-policy.wasm")).unwrap();
+    assert!(runtime.reload().is_ok());
+    assert!(!runtime.authorize(&public("/pub/open/x")).unwrap().allow);
+}
+
+/// A guest built from the frozen WIT 0.1.0 (guests/testing/policy-v0-1) still loads and
+/// decides owners and sessions; it is not asked about public reads (they are allowed,
+/// as 0.1.0 promised), and /admin/policies says which version serves.
+#[test]
+fn a_guest_built_for_wit_0_1_still_loads() {
+    let dir = policies_dir();
+    std::fs::copy(
+        guest("policy_v0_1"),
+        dir.path().join("capability-policy.wasm"),
+    )
+    .unwrap();
+    let runtime = PolicyRuntime::load(config(dir.path())).unwrap();
+    let status = &runtime.status()[0];
+    assert!(status.serving, "{status:?}");
+    assert_eq!(status.wit_version, Some("0.1.0"));
+    assert!(
+        status
+            .source
+            .as_deref()
+            .unwrap()
+            .ends_with("capability-policy.wasm"),
+        "{status:?}"
+    );
+    let owner_write = runtime
+        .authorize(&owner(Operation::Write, "/pub/a"))
+        .unwrap();
+    assert_eq!(
+        (owner_write.allow, owner_write.reason.as_str()),
+        (true, "0.1.0 guest: owner")
+    );
+    let closed = runtime
+        .authorize(&owner(Operation::Read, "/pub/frozen-closed/a"))
+        .unwrap();
+    assert!(!closed.allow && closed.reason == "0.1.0 guest: closed");
+    assert!(
+        !runtime
+            .authorize(&session(&["*:/pub/"], Operation::Write, "/pub/a"))
+            .unwrap()
+            .allow
+    );
+    let calls = runtime.stats()[0].calls;
+    let public_read = runtime.authorize(&public("/pub/frozen-closed/a")).unwrap();
+    assert!(public_read.allow, "{public_read:?}");
+    assert_eq!(runtime.stats()[0].calls, calls, "a 0.1.0 policy was asked");
+
+    // `policy check` runs it on the golden cases it can answer (not the public ones).
+    let report = check_module(&guest("policy_v0_1"), Slot::CapabilityPolicy).unwrap();
+    assert_eq!(report.wit_version, "0.1.0");
+    assert!(
+        report
+            .cases
+            .iter()
+            .all(|c| c.input.get("caller") != Some(&"public".into()))
+    );
+}
+
 /// Each misbehaviour fails that call only, with the slot's safe default, and the next
 /// call on the same slot works.
 #[test]
@@ -260,7 +349,7 @@ fn wrong_world_and_garbage_are_rejected() {
     let err = check_module(&guest("wrong_world"), Slot::CapabilityPolicy).unwrap_err();
     assert!(matches!(err, RuntimeError::World { .. }), "{err}");
     assert!(
-        err.to_string().contains("homeserver:guest/policy@0.1.0"),
+        err.to_string().contains("homeserver:guest/policy@0.2.0"),
         "{err}"
     );
     let err = check_module(&guest("safety_filter"), Slot::CapabilityPolicy).unwrap_err();

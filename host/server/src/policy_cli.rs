@@ -38,9 +38,10 @@ fn execute(command: PolicyCommand) -> Result<ExitCode, String> {
             };
             let report = check_module_with(&file, slot(&name)?, own).map_err(|e| e.to_string())?;
             println!(
-                "{}: fits slot {} (blake3 {}, {} bytes, compiled in {:.0} ms)",
+                "{}: fits slot {} (WIT {}, blake3 {}, {} bytes, compiled in {:.0} ms)",
                 file.display(),
                 report.slot,
+                report.wit_version,
                 report.blake3,
                 report.size_bytes,
                 report.compile_ms

@@ -15,9 +15,9 @@ wit_bindgen::generate!({
     inline: "
         package homeserver:hostile;
         world hostile {
-            include homeserver:guest/capability-policy@0.1.0;
-            include homeserver:guest/safety-filter@0.1.0;
-            include homeserver:guest/intent-classifier@0.1.0;
+            include homeserver:guest/capability-policy@0.2.0;
+            include homeserver:guest/safety-filter@0.2.0;
+            include homeserver:guest/intent-classifier@0.2.0;
         }
     ",
     world: "homeserver:hostile/hostile",

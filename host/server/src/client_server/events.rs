@@ -70,8 +70,15 @@ async fn feed_page(app: &AppState, uri: axum::http::Uri) -> Result<EventPage, Ap
             _ => {}
         }
     }
-    let events = app.events.feed(cursor, limit).await?;
+    let mut events = app.events.feed(cursor, limit).await?;
+    // The cursor of the whole page, so paging goes past events the policy hides.
     let last = events.last().map_or(cursor, |e| e.cursor);
+    let visible = app
+        .access
+        .public_can_read(events.iter().map(|e| (e.user.as_str(), e.path.as_str())))
+        .await?;
+    let mut visible = visible.into_iter();
+    events.retain(|_| visible.next().unwrap_or(false));
     Ok(EventPage {
         events: events.iter().map(to_wire).collect(),
         cursor: last,
@@ -106,29 +113,47 @@ pub async fn stream(State(app): State<AppState>, request: Request) -> Response {
     // line when nothing was sent for a while keeps idle streams open through proxies.
     let keep_alive = tokio::time::interval_at(tokio::time::Instant::now() + KEEP_ALIVE, KEEP_ALIVE);
     // The slot goes back when the body is dropped (the client left, or shutdown).
+    let access = app.access.clone();
     let body = futures_util::stream::unfold(
         (Box::pin(batches), keep_alive, slot),
-        |(mut batches, mut keep_alive, slot)| async move {
-            let chunk = tokio::select! {
-                batch = batches.next() => match batch? {
-                    Ok(events) => {
-                        let mut chunk =
-                            BytesMut::with_capacity(events.iter().map(|e| e.frame.len()).sum());
-                        for event in &events {
-                            chunk.extend_from_slice(&event.frame);
+        move |(mut batches, mut keep_alive, slot)| {
+            let access = access.clone();
+            async move {
+                let chunk = tokio::select! {
+                    batch = batches.next() => match batch? {
+                        // Events name paths: those the policy hides from the public are
+                        // left out (the stream is public). If the policy cannot answer,
+                        // the stream ends with an error event and the client resumes.
+                        Ok(events) => match access
+                            .public_can_read(
+                                events.iter().map(|e| (e.record.user.as_str(), e.record.path.as_str())),
+                            )
+                            .await
+                        {
+                        Ok(visible) => {
+                            let mut chunk =
+                                BytesMut::with_capacity(events.iter().map(|e| e.frame.len()).sum());
+                            for (event, _) in events.iter().zip(visible).filter(|(_, v)| *v) {
+                                chunk.extend_from_slice(&event.frame);
+                            }
+                            keep_alive.reset();
+                            chunk.freeze()
                         }
-                        keep_alive.reset();
-                        chunk.freeze()
-                    }
-                    Err(e) => {
-                        // Headers are sent: say what happened in a final event, then end.
-                        tracing::warn!(error = %e, "event stream failed");
-                        Bytes::from_static(STREAM_FAILED)
-                    }
-                },
-                _ = keep_alive.tick() => Bytes::from_static(b":\n\n"),
-            };
-            Some((Ok::<_, Infallible>(chunk), (batches, keep_alive, slot)))
+                        Err(e) => {
+                            tracing::warn!(error = %e, "event stream: the policy could not decide");
+                            Bytes::from_static(STREAM_FAILED)
+                        }
+                        },
+                        Err(e) => {
+                            // Headers are sent: say what happened in a final event, then end.
+                            tracing::warn!(error = %e, "event stream failed");
+                            Bytes::from_static(STREAM_FAILED)
+                        }
+                    },
+                    _ = keep_alive.tick() => Bytes::from_static(b":\n\n"),
+                };
+                Some((Ok::<_, Infallible>(chunk), (batches, keep_alive, slot)))
+            }
         },
     );
     (

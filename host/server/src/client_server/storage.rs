@@ -16,6 +16,8 @@ use homeserver_protocol::{ErrorCode, StoragePath};
 use super::AppState;
 use super::error::ApiError;
 use super::extract::{request_info, url_query_pairs};
+use crate::service::access::WriteMethod;
+use crate::service::auth::ReadAccess;
 use crate::service::storage::{BodyError, EntryRecord, ListOptions};
 
 /// Every request no other route took: storage paths, or a JSON 404.
@@ -67,12 +69,16 @@ async fn read(app: AppState, parts: Parts, path: StoragePath) -> Result<Response
             info.host.as_ref(),
             &info.signed_target(),
             &path,
+            parts.method == Method::HEAD,
         )
         .await?;
     let space = access.space();
     if path.is_listing() {
         let options = list_options(&parts.uri)?;
-        let page = app.storage.list(space, &path, options).await?;
+        let mut page = app.storage.list(space, &path, options).await?;
+        if let ReadAccess::Public(space) = &access {
+            app.access.hide_from_public(space, &mut page).await?;
+        }
         return Ok(Json(page).into_response());
     }
     let record = app.storage.entry(space, &path).await?;
@@ -164,15 +170,6 @@ async fn put(
 ) -> Result<Response, ApiError> {
     entry_path_only(&path)?;
     let info = request_info(&parts)?;
-    let grant = app
-        .access
-        .write(
-            &info.credentials,
-            info.host.as_ref(),
-            info.signed_target(),
-            &path,
-        )
-        .await?;
     let declared_len = match parts.headers.get(header::CONTENT_LENGTH) {
         None => None,
         Some(v) => Some(
@@ -182,6 +179,16 @@ async fn put(
                 .ok_or_else(|| ApiError::new(ErrorCode::BadRequest, "invalid Content-Length"))?,
         ),
     };
+    let grant = app
+        .access
+        .write(
+            &info.credentials,
+            info.host.as_ref(),
+            info.signed_target(),
+            &path,
+            WriteMethod::Put { size: declared_len },
+        )
+        .await?;
     let stream = body
         .into_data_stream()
         .map_err(|e| BodyError(e.to_string()));
@@ -202,6 +209,7 @@ async fn delete(app: AppState, parts: Parts, path: StoragePath) -> Result<Respon
             info.host.as_ref(),
             info.signed_target(),
             &path,
+            WriteMethod::Delete,
         )
         .await?;
     let result = app.storage.delete(grant, &path).await?;

@@ -148,7 +148,7 @@ mod tests {
     fn names_and_versions() {
         assert_eq!(crate_name(Path::new("/x/My Policy")).unwrap(), "my-policy");
         assert!(crate_name(Path::new("/x/2fast")).is_err());
-        assert_eq!(wit_version(), "0.1.0");
+        assert_eq!(wit_version(), "0.2.0");
     }
 
     #[test]

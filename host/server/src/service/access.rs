@@ -1,13 +1,17 @@
 //! Access control: resolves a request's credentials (a signed request or a session) and
-//! asks the capability-policy guest about every authorized request, owners' included, so
-//! an operator's policy can also restrict owners. A guest that fails (trap, timeout,
-//! memory) never allows: the request gets a 500 (a 503 when no module is loaded at all).
+//! asks the capability-policy guest about every request to a space: owners' included,
+//! so an operator's policy can also restrict owners, and the public's (WIT 0.2.0), so
+//! it can hide paths from everyone: a public read it denies is 404, as if nothing were
+//! there, and a public listing leaves denied entries out. A guest that fails (trap,
+//! timeout, memory) never allows: the request gets a 500 (a 503 when no module is
+//! loaded at all, or every guest thread is busy).
 
 use std::sync::Arc;
 
+use homeserver_protocol::wire::ListResult;
 use homeserver_protocol::{AuthHeader, BodyHash, PublicKey, StoragePath};
 use homeserver_runtime::{
-    AuthorizeRequest, Caller as PolicyCaller, GuestFailure, Operation, PolicyRuntime,
+    AuthorizeRequest, Caller as PolicyCaller, GuestFailure, Method, Operation, PolicyRuntime,
 };
 
 use super::ServiceError;
@@ -92,31 +96,82 @@ impl AccessControl {
     }
 
     /// Asks the policy (off the async workers: a guest that loops holds a guest thread
-    /// until its deadline, never a worker); `Some(refusal)` when it denies.
+    /// until its deadline, never a worker); `Some(refusal)` when it denies: 403 with the
+    /// policy's reason, or to the public 404 without it.
     async fn decide(
         &self,
-        operation: Operation,
-        path: &StoragePath,
-        caller: PolicyCaller,
-        user: String,
+        request: AuthorizeRequest,
     ) -> Result<Option<ServiceError>, ServiceError> {
+        let public = request.caller == PolicyCaller::Public;
+        let path = request.path.clone();
         let decision = self
             .policy
-            .authorize_isolated(AuthorizeRequest {
-                operation,
-                path: path.to_string(),
-                caller,
-                user,
-            })
+            .authorize_isolated(request)
             .await
             .map_err(guest_failed)?;
         Ok((!decision.allow).then(|| {
-            ServiceError::Forbidden(if decision.reason.is_empty() {
-                "denied by the capability policy".to_owned()
+            if public {
+                ServiceError::NotFound(format!("no entry at {path}"))
             } else {
-                decision.reason
-            })
+                ServiceError::Forbidden(if decision.reason.is_empty() {
+                    "denied by the capability policy".to_owned()
+                } else {
+                    decision.reason
+                })
+            }
         }))
+    }
+
+    /// Leaves out of a public listing's page the entries the policy denies to the
+    /// public (each asked as a GET of its path; a sub-folder as a listing). The page's
+    /// cursor and `has_more` stay those of the whole page, so paging goes on past a
+    /// page that lost entries (it may even come back empty with `has_more`).
+    pub async fn hide_from_public(
+        &self,
+        space: &PublicKey,
+        page: &mut ListResult,
+    ) -> Result<(), ServiceError> {
+        let user = space.to_z32();
+        let visible = self
+            .public_can_read(
+                page.entries
+                    .iter()
+                    .map(|e| (user.as_str(), e.path.as_str())),
+            )
+            .await?;
+        let mut visible = visible.into_iter();
+        page.entries.retain(|_| visible.next().unwrap_or(false));
+        Ok(())
+    }
+
+    /// Whether the public may read each `(user, path)`, asked as a GET (a listing when
+    /// the path ends in `/`), in one guest-thread visit for those not answered before.
+    /// Events name paths, so feeds and streams ask this too.
+    pub async fn public_can_read<'p>(
+        &self,
+        items: impl Iterator<Item = (&'p str, &'p str)>,
+    ) -> Result<Vec<bool>, ServiceError> {
+        let requests: Vec<AuthorizeRequest> = items
+            .map(|(user, path)| {
+                let mut req = AuthorizeRequest::new(
+                    Operation::Read,
+                    path,
+                    PolicyCaller::Public,
+                    user.to_owned(),
+                );
+                req.method = Some(Method::Get);
+                req
+            })
+            .collect();
+        if requests.is_empty() {
+            return Ok(Vec::new());
+        }
+        let decisions = self
+            .policy
+            .authorize_many_isolated(requests)
+            .await
+            .map_err(guest_failed)?;
+        Ok(decisions.into_iter().map(|d| d.allow).collect())
     }
 
     /// Whose account a request about the caller's account (`GET /account`) names: the
@@ -148,14 +203,22 @@ impl AccessControl {
         }
     }
 
-    /// A read (GET, HEAD, listing) of `path`.
+    /// A read (GET, HEAD, listing) of `path`; `head` for HEAD.
     pub async fn read(
         &self,
         credentials: &Credentials,
         host: Option<&PublicKey>,
         target: &SignedTarget<'_>,
         path: &StoragePath,
+        head: bool,
     ) -> Result<ReadAccess, ServiceError> {
+        let question = |caller: PolicyCaller, space: &PublicKey| {
+            let mut req =
+                AuthorizeRequest::new(Operation::Read, path.to_string(), caller, space.to_z32());
+            req.method = Some(if head { Method::Head } else { Method::Get });
+            req.listing = Some(path.is_listing());
+            req
+        };
         let (space, caller) = match credentials {
             Credentials::Session(token) => match self.sessions.resolve(token).await {
                 Ok(session) => {
@@ -165,7 +228,7 @@ impl AccessControl {
                         .map_err(|e| ServiceError::Internal(format!("session user: {e}")))?;
                     match host {
                         // Naming another user: a public read, the session is not used.
-                        Some(h) if h != &space => return public(*h, path),
+                        Some(h) if h != &space => return self.public(*h, path, question).await,
                         _ => (
                             space,
                             PolicyCaller::Session {
@@ -179,36 +242,53 @@ impl AccessControl {
                 Err(e) => return Err(e),
             },
             Credentials::Signed(h) => match host {
-                Some(host) if host != &h.public_key => return public(*host, path),
+                Some(host) if host != &h.public_key => {
+                    return self.public(*host, path, question).await;
+                }
                 _ => {
                     auth::verify(h, target, &BodyHash::empty())?;
                     (h.public_key, PolicyCaller::Owner)
                 }
             },
             Credentials::None => match host {
-                Some(h) => return public(*h, path),
+                Some(h) => return self.public(*h, path, question).await,
                 None => return Err(auth::missing_credentials()),
             },
         };
         if path.is_private() {
             return Err(auth::private_reserved());
         }
-        if let Some(refusal) = self
-            .decide(Operation::Read, path, caller, space.to_z32())
-            .await?
-        {
+        if let Some(refusal) = self.decide(question(caller, &space)).await? {
             return Err(refusal);
         }
         Ok(ReadAccess::Owner(space))
     }
 
-    /// A write (PUT, DELETE) of `path`: only in the writer's own space.
+    /// A read by the public of `host`'s space.
+    async fn public(
+        &self,
+        host: PublicKey,
+        path: &StoragePath,
+        question: impl FnOnce(PolicyCaller, &PublicKey) -> AuthorizeRequest,
+    ) -> Result<ReadAccess, ServiceError> {
+        if path.is_private() {
+            return Err(auth::private_reserved());
+        }
+        if let Some(refusal) = self.decide(question(PolicyCaller::Public, &host)).await? {
+            return Err(refusal);
+        }
+        Ok(ReadAccess::Public(host))
+    }
+
+    /// A write of `path`, only in the writer's own space: a PUT declaring `size` bytes
+    /// (when it declares a length), or a DELETE (`size` is then `None`).
     pub async fn write<'a>(
         &self,
         credentials: &'a Credentials,
         host: Option<&PublicKey>,
         target: SignedTarget<'a>,
         path: &StoragePath,
+        method: WriteMethod,
     ) -> Result<WriteGrant<'a>, ServiceError> {
         let (writer, caller, space) = match credentials {
             Credentials::Signed(header) => {
@@ -246,16 +326,25 @@ impl AccessControl {
         } else if path.is_private() {
             Some(auth::private_reserved())
         } else {
-            self.decide(Operation::Write, path, caller, space.to_z32())
-                .await?
+            let mut req =
+                AuthorizeRequest::new(Operation::Write, path.to_string(), caller, space.to_z32());
+            (req.method, req.size) = match method {
+                WriteMethod::Put { size } => (Some(Method::Put), size),
+                WriteMethod::Delete => (Some(Method::Delete), None),
+            };
+            req.listing = Some(false);
+            self.decide(req).await?
         };
         Ok(WriteGrant { writer, refusal })
     }
 }
 
-fn public(host: PublicKey, path: &StoragePath) -> Result<ReadAccess, ServiceError> {
-    if path.is_private() {
-        return Err(auth::private_reserved());
-    }
-    Ok(ReadAccess::Public(host))
+/// What a write does, for the policy.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum WriteMethod {
+    /// A PUT; `size` is its declared `Content-Length`, when it has one.
+    Put {
+        size: Option<u64>,
+    },
+    Delete,
 }

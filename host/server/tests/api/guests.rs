@@ -1,9 +1,13 @@
-//! A hostile capability policy in a running server: guest calls run on guest threads of
-//! their own, so a guest that loops until its deadline (or hoards memory) cannot slow
-//! the requests that never ask it, and what it was asked fails closed.
+//! Guests in a running server: guest calls run on guest threads of their own, so a
+//! policy that loops until its deadline (or hoards memory) cannot slow the requests it
+//! is not asked about, and what it was asked fails closed; the policy decides public
+//! reads, listings and feeds (WIT 0.2.0); a new guest goes from template to serving.
 
 use std::sync::Arc;
 use std::time::Instant;
+
+use homeserver_protocol::ErrorCode;
+use reqwest::Method;
 
 use crate::fixture::*;
 
@@ -27,6 +31,8 @@ async fn a_looping_guest_does_not_slow_requests_that_do_not_ask_it() {
     );
     let alice = host.user().await;
     assert_eq!(host.put(&alice, "/pub/data", b"public").await.status(), 200);
+    // The policy answers a public read once; later ones come from its cache.
+    assert_eq!(host.public_get(&alice, "/pub/data").await.status(), 200);
 
     // 24 signed reads the policy loops on (100 ms each, two at a time: over a second of
     // guest time), and one that makes it hoard memory.
@@ -41,7 +47,7 @@ async fn a_looping_guest_does_not_slow_requests_that_do_not_ask_it() {
             })
         })
         .collect();
-    // Meanwhile, public reads (the policy is not asked about them).
+    // Meanwhile, public reads (answered from the policy's cache: the guest is not asked).
     tokio::time::sleep(std::time::Duration::from_millis(50)).await;
     for _ in 0..50 {
         let response = host.public_get(&alice, "/pub/data").await;
@@ -188,4 +194,104 @@ async fn a_new_guest_builds_checks_and_serves_after_an_edit() {
     );
     assert_eq!(host.put(&alice, "/pub/archive/2", b"x").await.status(), 200);
     assert_eq!(host.put(&alice, "/pub/frozen/2", b"x").await.status(), 403);
+}
+
+/// WIT 0.2.0: the operator's `deny-prefixes` hide paths from the public: a public GET
+/// or HEAD is 404 as if nothing were there, listings (deep and shallow) leave them
+/// out, and so do the feed and the event stream. The owner's requests under the
+/// prefix are refused with the reason (403), as before.
+#[tokio::test]
+async fn the_policy_hides_denied_paths_from_the_public() {
+    let host = TestHost::start().await;
+    let alice = host.user().await;
+    for path in ["/pub/hidden/a", "/pub/hidden/b", "/pub/open/c"] {
+        assert_eq!(host.put(&alice, path, b"data").await.status(), 200);
+    }
+    assert_eq!(host.public_get(&alice, "/pub/hidden/a").await.status(), 200);
+
+    // The operator closes /pub/hidden/ and reloads.
+    let policies = host.dir.path().join("policies");
+    std::fs::create_dir_all(&policies).unwrap();
+    std::fs::write(
+        policies.join("policies.toml"),
+        "[capability-policy.config]\ndeny-prefixes = [\"/pub/hidden/\"]\n",
+    )
+    .unwrap();
+    let admin = host.server().admin_addr().unwrap();
+    let report: serde_json::Value = host
+        .http
+        .post(format!("http://{admin}/admin/policies/reload"))
+        .bearer_auth(ADMIN_PASSWORD)
+        .send()
+        .await
+        .unwrap()
+        .json()
+        .await
+        .unwrap();
+    assert_eq!(report["ok"], true, "{report}");
+
+    let hidden = host.public_get(&alice, "/pub/hidden/a").await;
+    let body = expect_error(hidden, 404, ErrorCode::NotFound).await;
+    assert!(!body.message.contains("operator"), "{}", body.message);
+    let head = host
+        .request(Method::HEAD, "/pub/hidden/a")
+        .header("Pubky-Host", alice.public_key().to_z32())
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(head.status(), 404);
+    assert_eq!(host.public_get(&alice, "/pub/open/c").await.status(), 200);
+    // The folder itself is hidden; a listing of its parent leaves it out.
+    assert_eq!(host.public_get(&alice, "/pub/hidden/").await.status(), 404);
+    for query in ["", "?shallow=true"] {
+        let page: serde_json::Value =
+            expect_ok_json(host.public_get(&alice, &format!("/pub/{query}")).await).await;
+        let paths: Vec<&str> = page["entries"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|e| e["path"].as_str().unwrap())
+            .collect();
+        let open = if query.is_empty() {
+            "/pub/open/c"
+        } else {
+            "/pub/open/"
+        };
+        assert_eq!(paths, [open], "{query}: {page}");
+    }
+    // The owner is refused with the reason; the public never sees it.
+    let owner = host.get(&alice, "/pub/hidden/a").await;
+    let body = expect_error(owner, 403, ErrorCode::InsufficientPermissions).await;
+    assert!(body.message.contains("/pub/hidden/"), "{}", body.message);
+
+    // Events name paths: the feed and the stream leave the hidden ones out.
+    let feed: serde_json::Value =
+        expect_ok_json(host.request(Method::GET, "/events/").send().await.unwrap()).await;
+    let urls: Vec<&str> = feed["events"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|e| e["url"].as_str().unwrap())
+        .collect();
+    assert!(
+        urls.iter().any(|u| u.ends_with("/pub/open/c"))
+            && !urls.iter().any(|u| u.contains("/hidden/")),
+        "{feed}"
+    );
+    let stream = host
+        .request(
+            Method::GET,
+            &format!("/events-stream?user={}", alice.public_key().to_z32()),
+        )
+        .send()
+        .await
+        .unwrap();
+    let text = tokio::time::timeout(std::time::Duration::from_secs(10), stream.text())
+        .await
+        .unwrap()
+        .unwrap();
+    assert!(
+        text.contains("/pub/open/c") && !text.contains("/hidden/"),
+        "{text}"
+    );
 }
