@@ -17,6 +17,10 @@
 //! target): the runtime then has no built-in guests and serves only modules found in
 //! `policies/` (slots without one keep their safe default).
 
+#[path = "src/engine_config.rs"]
+#[allow(dead_code)]
+mod engine_config;
+
 use std::env;
 use std::fs;
 use std::path::{Path, PathBuf};
@@ -68,6 +72,7 @@ fn main() {
         println!("cargo:warning=HOMESERVER_SKIP_GUEST_BUILD is set: no built-in guests");
         for (_, slot) in DEFAULT_GUESTS {
             fs::write(out_dir.join(format!("{slot}.wasm")), b"").expect("write placeholder");
+            fs::write(out_dir.join(format!("{slot}.cwasm")), b"").expect("write placeholder");
         }
     } else {
         ensure_wasm_target();
@@ -77,9 +82,43 @@ fn main() {
             fs::copy(&from, out_dir.join(format!("{slot}.wasm")))
                 .unwrap_or_else(|e| panic!("copy {}: {e}", from.display()));
         }
+        precompile_guests(&out_dir);
     }
     // Test guests (hostile, deny-all, wrong-world, policy-v0-1) are read from here by the tests.
     println!("cargo:rustc-env=HOMESERVER_TEST_GUESTS={}", built.display());
+}
+
+/// Compiles the built-in guests to native code for the engine the runtime makes with its
+/// default settings (`<slot>.cwasm`), so a first start serves without compiling them
+/// (~0.5 s on 2 cores). The runtime checks each artifact against its engine and
+/// compiles the guest itself when they differ (other memory settings, or a binary
+/// moved to a CPU without the features this one has). Cross builds get none.
+fn precompile_guests(out_dir: &Path) {
+    let host = env::var("HOST").unwrap_or_default();
+    let target = env::var("TARGET").unwrap_or_default();
+    let engine = (host == target)
+        .then(|| {
+            let config =
+                engine_config::engine_config(engine_config::DEFAULT_MEMORY_LIMIT_BYTES, 0, false);
+            wasmtime::Engine::new(&config)
+                .map_err(|e| println!("cargo:warning=guests not precompiled: {e:#}"))
+                .ok()
+        })
+        .flatten();
+    for (_, slot) in DEFAULT_GUESTS {
+        let wasm = fs::read(out_dir.join(format!("{slot}.wasm"))).expect("read guest");
+        let artifact = engine.as_ref().and_then(|engine| {
+            engine
+                .precompile_component(&wasm)
+                .map_err(|e| println!("cargo:warning={slot} not precompiled: {e:#}"))
+                .ok()
+        });
+        fs::write(
+            out_dir.join(format!("{slot}.cwasm")),
+            artifact.unwrap_or_default(),
+        )
+        .expect("write precompiled guest");
+    }
 }
 
 /// Makes sure the compiler has the standard library of [`WASM_TARGET`], installing it

@@ -42,6 +42,26 @@ const SAFETY_FILTER: &[u8] = include_bytes!(concat!(env!("OUT_DIR"), "/safety-fi
 const INTENT_CLASSIFIER: &[u8] =
     include_bytes!(concat!(env!("OUT_DIR"), "/intent-classifier.wasm"));
 
+/// The built-in guests compiled by build.rs for the engine of the default settings
+/// (empty when it could not: a cross build, or no built-in guests).
+const CAPABILITY_POLICY_NATIVE: &[u8] =
+    include_bytes!(concat!(env!("OUT_DIR"), "/capability-policy.cwasm"));
+const SAFETY_FILTER_NATIVE: &[u8] =
+    include_bytes!(concat!(env!("OUT_DIR"), "/safety-filter.cwasm"));
+const INTENT_CLASSIFIER_NATIVE: &[u8] =
+    include_bytes!(concat!(env!("OUT_DIR"), "/intent-classifier.cwasm"));
+
+/// The built-in guest for `slot` compiled at build time (see [`crate::cache`] for how
+/// it is loaded), if the build made it.
+pub(crate) fn precompiled(slot: Slot) -> Option<&'static [u8]> {
+    let bytes = match slot {
+        Slot::CapabilityPolicy => CAPABILITY_POLICY_NATIVE,
+        Slot::SafetyFilter => SAFETY_FILTER_NATIVE,
+        Slot::IntentClassifier => INTENT_CLASSIFIER_NATIVE,
+    };
+    (!bytes.is_empty()).then_some(bytes)
+}
+
 /// The built-in guest for `slot`; `None` in a build made with
 /// `HOMESERVER_SKIP_GUEST_BUILD`.
 pub fn module(slot: Slot) -> Option<&'static [u8]> {

@@ -1,7 +1,9 @@
 //! Compiled-module cache: a component compiles in ~90 ms but loads from its serialized
 //! form in ~0.2 ms. Keyed by BLAKE3 of the module bytes and of the engine (wasmtime
 //! version and the compiler settings that make artifacts compatible), kept in memory
-//! for swaps within a process and, with a cache directory, on disk for restarts.
+//! for swaps within a process and, with a cache directory, on disk for restarts. The
+//! built-in guests also come precompiled in the binary (build.rs), used when they
+//! match this engine, so even a first start on a new machine compiles nothing.
 
 use std::collections::HashMap;
 use std::hash::Hasher;
@@ -58,17 +60,22 @@ impl ModuleCache {
         }
     }
 
-    /// The compiled form of the module with hash `module_hash`: from memory, from disk,
-    /// or freshly compiled (and then stored). The flag tells whether compilation was
-    /// skipped.
+    /// The compiled form of the module with hash `module_hash`: from memory, from the
+    /// artifact `precompiled` with the binary (a built-in guest), from disk, or freshly
+    /// compiled (and then stored). The flag tells whether compilation was skipped.
     pub(crate) fn get_or_compile(
         &self,
         sandbox: &Sandbox,
         bytes: &[u8],
         module_hash: &blake3::Hash,
+        precompiled: Option<&'static [u8]>,
     ) -> wasmtime::Result<(Component, bool)> {
         let key = self.key(module_hash);
         if let Some(component) = self.memory.lock().ok().and_then(|m| m.get(&key).cloned()) {
+            return Ok((component, true));
+        }
+        if let Some(component) = precompiled.and_then(|artifact| load_builtin(sandbox, artifact)) {
+            self.remember(key, &component);
             return Ok((component, true));
         }
         let file = self
@@ -109,6 +116,27 @@ impl ModuleCache {
                 memory.clear();
             }
             memory.insert(key, component.clone());
+        }
+    }
+}
+
+/// Loads a built-in guest compiled by build.rs; `None` (and a compile) when this engine
+/// is not the one it was compiled for.
+#[allow(unsafe_code)]
+fn load_builtin(sandbox: &Sandbox, artifact: &'static [u8]) -> Option<Component> {
+    // SAFETY: `Component::deserialize` runs the native code in `artifact`, so it must be
+    // an artifact wasmtime produced. It is: build.rs made it with this same wasmtime
+    // (`Engine::precompile_component`) from the built-in guest's bytes, and it is
+    // compiled into this binary (`include_bytes!`), so nothing outside the build can
+    // change it. Wasmtime checks its header against this engine's version, compiler
+    // settings and CPU features and refuses a mismatch, answered below by compiling.
+    match unsafe { Component::deserialize(sandbox.engine(), artifact) } {
+        Ok(component) => Some(component),
+        Err(e) => {
+            tracing::info!(
+                "the precompiled built-in guest does not fit this engine (compiling it): {e:#}"
+            );
+            None
         }
     }
 }

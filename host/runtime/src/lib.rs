@@ -38,6 +38,7 @@
 mod bindings;
 mod builtin;
 mod cache;
+mod engine_config;
 mod error;
 mod module;
 mod policies;
@@ -58,8 +59,8 @@ pub use runtime::{
 pub use sandbox::MIN_CALL_DEADLINE;
 pub use stats::{FailureCounts, LATENCY_BUCKETS, LatencyHistogram, SlotStats};
 pub use tools::{
-    CaseResult, CheckReport, EvalSummary, GoldenCase, check_module, check_module_with, eval_lines,
-    golden_cases, parse_cases,
+    CaseResult, CheckReport, EvalSummary, GoldenCase, check_module, check_module_cached,
+    check_module_with, eval_lines, golden_cases, parse_cases,
 };
 pub use types::{
     AuthorizeRequest, Caller, Decision, Intent, IntentAction, Method, Operation, SafetyVerdict,

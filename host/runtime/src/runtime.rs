@@ -61,7 +61,7 @@ impl Default for RuntimeConfig {
             policies_dir: PathBuf::from("policies"),
             cache_dir: None,
             call_deadline: Duration::from_millis(100),
-            memory_limit_bytes: 32 << 20,
+            memory_limit_bytes: crate::engine_config::DEFAULT_MEMORY_LIMIT_BYTES,
             instance_max_calls: 10_000,
             instances_per_slot: (2 * cores).max(2),
             max_instances: 256,
@@ -591,9 +591,18 @@ impl PolicyRuntime {
         resolved: crate::policies::ResolvedSlot,
     ) -> Result<Arc<LoadedModule>, RuntimeError> {
         let name = resolved.source.to_string();
+        let precompiled = match resolved.source {
+            ModuleSource::Builtin => crate::builtin::precompiled(slot),
+            ModuleSource::File(_) => None,
+        };
         let (component, from_cache) = self
             .cache
-            .get_or_compile(&self.sandbox, &resolved.bytes, &resolved.module_hash)
+            .get_or_compile(
+                &self.sandbox,
+                &resolved.bytes,
+                &resolved.module_hash,
+                precompiled,
+            )
             .map_err(|e| RuntimeError::Compile {
                 module: name.clone(),
                 message: format!("{e:#}"),

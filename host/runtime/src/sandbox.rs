@@ -8,10 +8,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use wasmtime::component::{Component, HasSelf, InstancePre, Linker};
-use wasmtime::{
-    Config, Engine, InstanceAllocationStrategy, PoolingAllocationConfig, ResourceLimiter, Store,
-    StoreLimits, StoreLimitsBuilder, Trap,
-};
+use wasmtime::{Config, Engine, ResourceLimiter, Store, StoreLimits, StoreLimitsBuilder, Trap};
 
 use crate::bindings;
 use crate::error::{GuestFailure, RuntimeError};
@@ -27,8 +24,6 @@ const EPOCH_TICK: Duration = Duration::from_millis(5);
 pub const MIN_CALL_DEADLINE: Duration = Duration::from_millis(50);
 /// Wasm pages are 64 KiB; memory limits are rounded up to whole pages.
 const WASM_PAGE: usize = 64 * 1024;
-/// Guard region after each linear memory (lets compiled code skip some bounds checks).
-const MEMORY_GUARD: u64 = 2 << 20;
 /// Table elements a guest may grow to (Rust guests use a few hundred).
 const MAX_TABLE_ELEMENTS: usize = 100_000;
 
@@ -251,31 +246,7 @@ impl Sandbox {
 }
 
 fn engine_config(limits: &SandboxLimits, pooling: bool) -> Config {
-    let mut config = Config::new();
-    config.wasm_component_model(true);
-    config.epoch_interruption(true);
-    // Reserve only what the memory cap allows instead of 4 GiB per memory: the guard
-    // region no longer elides every bounds check, which costs little for these small
-    // guests and lets the pool hold hundreds of instances.
-    let memory = limits.memory_limit_bytes as u64;
-    config.memory_reservation(memory);
-    config.memory_reservation_for_growth(0);
-    config.memory_guard_size(MEMORY_GUARD);
-    if pooling {
-        let instances = limits.max_instances.max(8);
-        let mut pool = PoolingAllocationConfig::new();
-        pool.total_component_instances(instances);
-        // A wasm32-wasip2 component holds a few core instances (the module, shims).
-        pool.total_core_instances(instances * 8);
-        pool.total_memories(instances * 2);
-        pool.total_tables(instances * 4);
-        pool.max_memory_size(limits.memory_limit_bytes);
-        // Keeping a little memory resident per slot avoids page faults on reuse.
-        pool.linear_memory_keep_resident(128 * 1024);
-        pool.table_keep_resident(16 * 1024);
-        config.allocation_strategy(InstanceAllocationStrategy::Pooling(pool));
-    }
-    config
+    crate::engine_config::engine_config(limits.memory_limit_bytes, limits.max_instances, pooling)
 }
 
 fn linker(engine: &Engine) -> wasmtime::Result<Linker<GuestState>> {

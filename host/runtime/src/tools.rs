@@ -10,6 +10,7 @@ use std::time::Instant;
 use serde::Serialize;
 use serde_json::{Value, json};
 
+use crate::cache::ModuleCache;
 use crate::error::RuntimeError;
 use crate::module::{LoadedModule, ModuleInfo, PoolOptions};
 use crate::policies::{ModuleSource, Policies, json_config_value};
@@ -136,6 +137,17 @@ pub fn check_module_with(
     slot: Slot,
     own: Vec<GoldenCase>,
 ) -> Result<CheckReport, RuntimeError> {
+    check_module_cached(path, slot, own, None)
+}
+
+/// [`check_module_with`], taking the compiled module from (and putting it into) the
+/// module cache in `cache_dir`: for big guests (a Python one compiles for seconds).
+pub fn check_module_cached(
+    path: &Path,
+    slot: Slot,
+    own: Vec<GoldenCase>,
+    cache_dir: Option<&Path>,
+) -> Result<CheckReport, RuntimeError> {
     let defaults = RuntimeConfig::default();
     let sandbox = Sandbox::new(SandboxLimits {
         call_deadline: defaults.call_deadline,
@@ -145,8 +157,9 @@ pub fn check_module_with(
     let resolved = Policies::builtin().resolve(slot, Some(path))?;
     let name = path.display().to_string();
     let started = Instant::now();
-    let component = sandbox
-        .compile(&resolved.bytes)
+    let cache = ModuleCache::new(&sandbox, cache_dir.map(Path::to_owned));
+    let (component, _) = cache
+        .get_or_compile(&sandbox, &resolved.bytes, &resolved.module_hash, None)
         .map_err(|e| RuntimeError::Compile {
             module: name.clone(),
             message: format!("{e:#}"),

@@ -128,6 +128,39 @@ fn builtin_guests_serve_a_fresh_directory() {
     assert!(runtime.classify("hello").is_ambiguous());
 }
 
+/// A first start with no module cache (a new machine): the built-in guests come
+/// precompiled in the binary for the default engine, so nothing is compiled; with
+/// other memory settings (another engine) they are compiled, and still serve.
+#[test]
+fn builtin_guests_come_precompiled_for_the_default_engine() {
+    let dir = policies_dir();
+    let started = Instant::now();
+    let runtime = PolicyRuntime::load(RuntimeConfig {
+        policies_dir: dir.path().to_owned(),
+        cache_dir: None,
+        ..RuntimeConfig::default()
+    })
+    .unwrap();
+    eprintln!("loaded in {:?}", started.elapsed());
+    for status in runtime.status() {
+        assert_eq!(status.from_cache, Some(true), "{status:?}");
+    }
+    assert!(runtime.check_text("claim your prize").blocked);
+
+    let other = PolicyRuntime::load(RuntimeConfig {
+        policies_dir: dir.path().to_owned(),
+        cache_dir: None,
+        memory_limit_bytes: 64 << 20,
+        ..RuntimeConfig::default()
+    })
+    .unwrap();
+    for status in other.status() {
+        assert!(status.serving, "{status:?}");
+        assert_eq!(status.from_cache, Some(false), "{status:?}");
+    }
+    assert!(other.check_text("claim your prize").blocked);
+}
+
 #[test]
 fn missing_directory_uses_builtin_guests_and_data() {
     let dir = tempfile::tempdir().unwrap();
