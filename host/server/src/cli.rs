@@ -97,6 +97,10 @@ pub enum PolicyCommand {
     New {
         #[arg(long)]
         slot: String,
+        /// The guest's language: rust (any slot) or python (capability-policy; built
+        /// with componentize-py).
+        #[arg(long, value_enum, default_value = "rust")]
+        lang: crate::policy_template::Lang,
         /// A new (or empty) folder; its name names the crate.
         dir: PathBuf,
     },

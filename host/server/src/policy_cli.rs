@@ -6,6 +6,7 @@ use std::process::ExitCode;
 use homeserver_runtime::{Slot, check_module_with, eval_lines, install_defaults, parse_cases};
 
 use crate::cli::PolicyCommand;
+use crate::policy_template::Lang;
 
 pub fn run(command: PolicyCommand) -> ExitCode {
     match execute(command) {
@@ -107,13 +108,21 @@ fn execute(command: PolicyCommand) -> Result<ExitCode, String> {
             );
             Ok(ExitCode::SUCCESS)
         }
-        PolicyCommand::New { slot: name, dir } => {
-            let made = crate::policy_template::new_guest(slot(&name)?, &dir)?;
+        PolicyCommand::New {
+            slot: name,
+            lang,
+            dir,
+        } => {
+            let made = crate::policy_template::new_guest(slot(&name)?, lang, &dir)?;
             for path in &made.files {
                 println!("wrote {}", path.display());
             }
+            let build = match lang {
+                Lang::Rust => "cargo build --release --target wasm32-wasip2",
+                Lang::Python => "./build.sh",
+            };
             println!(
-                "\nnext: cd {} && cargo build --release --target wasm32-wasip2 && \
+                "\nnext: cd {} && {build} && \
                  homeserver policy check {} --slot {name} --cases cases.jsonl",
                 made.dir.display(),
                 made.module.display()

@@ -2,7 +2,9 @@
 //! Cargo.toml (wit-bindgen, a small release profile, a workspace of its own), the WIT
 //! contract this server speaks, a working guest (`src/lib.rs`), its own golden cases
 //! (`cases.jsonl`, for `policy check --cases`) and a README with the edit → build →
-//! check → reload loop. The templates are the files beside this one.
+//! check → reload loop. With `--lang python` (capability-policy only): `app.py`, a
+//! `build.sh` running componentize-py, the WIT, the cases and a README. The templates
+//! are the files beside this one.
 
 use std::path::{Path, PathBuf};
 
@@ -12,6 +14,16 @@ use homeserver_runtime::Slot;
 const WIT: &str = include_str!("../../../../wit/guest.wit");
 /// The wit-bindgen the built-in guests use (guests/Cargo.toml).
 const WIT_BINDGEN: &str = "0.61";
+/// The componentize-py of Python guests (scripts/build-python-guest).
+const COMPONENTIZE_PY: &str = "0.25.1";
+
+/// The language of a new guest.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
+pub enum Lang {
+    Rust,
+    /// componentize-py; capability-policy only.
+    Python,
+}
 
 /// What `new` wrote.
 #[derive(Debug)]
@@ -22,8 +34,14 @@ pub struct NewGuest {
     pub module: PathBuf,
 }
 
-/// Writes a guest crate for `slot` into `dir` (which must not exist, or be empty).
-pub fn new_guest(slot: Slot, dir: &Path) -> Result<NewGuest, String> {
+/// Writes a guest for `slot` in `lang` into `dir` (which must not exist, or be empty).
+pub fn new_guest(slot: Slot, lang: Lang, dir: &Path) -> Result<NewGuest, String> {
+    if lang == Lang::Python && slot != Slot::CapabilityPolicy {
+        return Err(format!(
+            "a Python template exists for capability-policy only, not {slot} (write {slot} \
+             in Rust, or start from the capability-policy one and its WIT world)"
+        ));
+    }
     if dir.exists()
         && std::fs::read_dir(dir)
             .map_err(|e| format!("{}: {e}", dir.display()))?
@@ -79,19 +97,38 @@ strip = true
 [workspace]
 "#
     );
-    let readme = include_str!("README.md.txt")
-        .replace("{name}", &name)
-        .replace("{slot}", slot.name())
-        .replace("{file}", &file)
-        .replace("{wit_version}", wit_version());
-    let files: [(&str, &str); 6] = [
-        ("Cargo.toml", &cargo),
-        ("src/lib.rs", source),
-        ("wit/guest.wit", WIT),
-        ("cases.jsonl", cases),
-        ("README.md", &readme),
-        (".gitignore", "/target\n"),
-    ];
+    let fill = |template: &str| {
+        template
+            .replace("{name}", &name)
+            .replace("{slot}", slot.name())
+            .replace("{file}", &file)
+            .replace("{wit_version}", wit_version())
+            .replace("{componentize_py}", COMPONENTIZE_PY)
+    };
+    let (files, module): (Vec<(&str, String)>, PathBuf) = match lang {
+        Lang::Rust => (
+            vec![
+                ("Cargo.toml", cargo),
+                ("src/lib.rs", source.to_owned()),
+                ("wit/guest.wit", WIT.to_owned()),
+                ("cases.jsonl", cases.to_owned()),
+                ("README.md", fill(include_str!("README.md.txt"))),
+                (".gitignore", "/target\n".to_owned()),
+            ],
+            Path::new("target/wasm32-wasip2/release").join(format!("{file}.wasm")),
+        ),
+        Lang::Python => (
+            vec![
+                ("app.py", include_str!("policy.py.txt").to_owned()),
+                ("build.sh", fill(include_str!("build.sh.txt"))),
+                ("wit/guest.wit", WIT.to_owned()),
+                ("cases.jsonl", cases.to_owned()),
+                ("README.md", fill(include_str!("README.py.md.txt"))),
+                (".gitignore", "/.venv\n*.wasm\n__pycache__/\n".to_owned()),
+            ],
+            PathBuf::from(format!("{file}.wasm")),
+        ),
+    };
     let mut written = Vec::new();
     for (path, text) in files {
         let path = dir.join(path);
@@ -99,12 +136,17 @@ strip = true
             std::fs::create_dir_all(parent).map_err(|e| format!("{}: {e}", parent.display()))?;
         }
         std::fs::write(&path, text).map_err(|e| format!("{}: {e}", path.display()))?;
+        if path.extension().is_some_and(|e| e == "sh") {
+            use std::os::unix::fs::PermissionsExt;
+            std::fs::set_permissions(&path, std::fs::Permissions::from_mode(0o755))
+                .map_err(|e| format!("{}: {e}", path.display()))?;
+        }
         written.push(path);
     }
     Ok(NewGuest {
         dir: dir.to_owned(),
         files: written,
-        module: Path::new("target/wasm32-wasip2/release").join(format!("{file}.wasm")),
+        module,
     })
 }
 
@@ -155,7 +197,7 @@ mod tests {
     fn writes_a_crate_and_refuses_a_folder_with_files() {
         let tmp = tempfile::tempdir().unwrap();
         let dir = tmp.path().join("archive-policy");
-        let made = new_guest(Slot::CapabilityPolicy, &dir).unwrap();
+        let made = new_guest(Slot::CapabilityPolicy, Lang::Rust, &dir).unwrap();
         assert_eq!(made.files.len(), 6);
         assert_eq!(
             made.module,
@@ -167,6 +209,21 @@ mod tests {
             !readme.contains("{slot}") && !readme.contains("{file}"),
             "{readme}"
         );
-        assert!(new_guest(Slot::CapabilityPolicy, &dir).is_err());
+        assert!(new_guest(Slot::CapabilityPolicy, Lang::Rust, &dir).is_err());
+    }
+
+    #[test]
+    fn writes_a_python_guest_for_the_policy_slot_only() {
+        let tmp = tempfile::tempdir().unwrap();
+        let dir = tmp.path().join("py-policy");
+        let made = new_guest(Slot::CapabilityPolicy, Lang::Python, &dir).unwrap();
+        assert_eq!(made.module, Path::new("py_policy.wasm"));
+        let build = std::fs::read_to_string(dir.join("build.sh")).unwrap();
+        assert!(build.contains("--stub-wasi") && build.contains("-o py_policy.wasm"));
+        assert!(!build.contains('{'), "{build}");
+        let readme = std::fs::read_to_string(dir.join("README.md")).unwrap();
+        assert!(!readme.contains("{file}") && !readme.contains("{componentize_py}"));
+        let err = new_guest(Slot::SafetyFilter, Lang::Python, &tmp.path().join("f")).unwrap_err();
+        assert!(err.contains("capability-policy only"), "{err}");
     }
 }
