@@ -220,7 +220,7 @@ mod tests {
         assert_eq!(made.module, Path::new("py_policy.wasm"));
         let build = std::fs::read_to_string(dir.join("build.sh")).unwrap();
         assert!(build.contains("--stub-wasi") && build.contains("-o py_policy.wasm"));
-        assert!(!build.contains('{'), "{build}");
+        assert!(!build.contains("{file}") && !build.contains("{componentize_py}"));
         let readme = std::fs::read_to_string(dir.join("README.md")).unwrap();
         assert!(!readme.contains("{file}") && !readme.contains("{componentize_py}"));
         let err = new_guest(Slot::SafetyFilter, Lang::Python, &tmp.path().join("f")).unwrap_err();
