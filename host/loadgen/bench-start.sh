@@ -40,7 +40,7 @@ stats() { sort -n | awk '{a[NR]=$1} END {printf "%d | %d | %d", a[1], a[int((NR+
 cold=() warm=()
 for _ in $(seq "$RUNS"); do
     dir=$TMP/cold-$RANDOM; mkdir -p "$dir"
-    cold+=("$(one_start "$dir")")          # no data/guest-cache yet: compiles 3 guests
+    cold+=("$(one_start "$dir")")          # no data/guest-cache yet: built-in guests precompiled (build.rs)
     warm+=("$(one_start "$dir")")          # same dir: the cache from the cold start
 done
 
@@ -48,5 +48,5 @@ echo "Machine: $(nproc) cores, $(grep -m1 'model name' /proc/cpuinfo | cut -d: -
 echo
 echo "| start | runs | min ms | median ms | max ms |"
 echo "|---|---:|---:|---:|---:|"
-echo "| cold (compile 3 guests) | $RUNS | $(printf '%s\n' "${cold[@]}" | stats) |"
+echo "| cold (no compiled-guest cache) | $RUNS | $(printf '%s\n' "${cold[@]}" | stats) |"
 echo "| warm (compiled-guest cache) | $RUNS | $(printf '%s\n' "${warm[@]}" | stats) |"

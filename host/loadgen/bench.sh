@@ -25,6 +25,12 @@
 #   BENCH_BACKEND [sqlite]      postgres: PostgreSQL + S3 (moto), needs psql and moto
 #   BENCH_POSTGRES_URL [postgres://postgres@127.0.0.1:5432/test]  where a database is made
 #   BENCH_INSTANCES [1]         2: two instances on PostgreSQL + S3, load spread over both
+#   BENCH_HOSTILE [0]           1: the capability policy is guests/testing/hostile (as
+#                               the runtime's build script built it), which loops on
+#                               paths containing `loop` and answers everything else
+#   BENCH_HOSTILE_CONNECTIONS [0]  N > 0: during every row, N more connections hit that
+#                               loop (hs-load session-get-loop: each call spins until
+#                               the guest deadline); needs BENCH_HOSTILE=1
 #   BENCH_WRK [auto]            1: also measure with wrk (an independent client; must be
 #                               installed), 0: don't; auto: when wrk is on the PATH. Rows
 #                               "wrk: ..." for the baseline and the 1 KiB scenarios
@@ -41,6 +47,8 @@ WARMUP=${BENCH_WARMUP:-2}
 CONNECTIONS=${BENCH_CONNECTIONS:-32}
 CONNECTIONS_1M=${BENCH_CONNECTIONS_1M:-8}
 THREADS=${BENCH_THREADS:-}
+HOSTILE=${BENCH_HOSTILE:-0}
+HOSTILE_CONNECTIONS=${BENCH_HOSTILE_CONNECTIONS:-0}
 SCENARIOS=${BENCH_SCENARIOS:-put-1k get-1k public-get-1k session-get-1k put-1m get-1m public-get-1m}
 BASELINE_ONLY=${BENCH_BASELINE_ONLY:-0}
 BACKEND=${BENCH_BACKEND:-sqlite}
@@ -81,8 +89,21 @@ measure() {
         --connections "$connections" --duration "$DURATION" --warmup "$WARMUP" "${ALSO[@]}")
     [[ -n $THREADS ]] && args+=(--threads "$THREADS")
     log "$label: $scenario, $connections connections, ${WARMUP}+${DURATION} s"
+    local hostile=
+    if [[ $HOSTILE_CONNECTIONS -gt 0 ]]; then
+        # One client thread: the hostile load should cost its side little CPU.
+        "$LOAD" run --url "http://127.0.0.1:$port" --scenario session-get-loop \
+            --connections "$HOSTILE_CONNECTIONS" --threads 1 --warmup 0 \
+            --duration $((WARMUP + DURATION + 1)) >"$TMP/hostile.out" 2>"$TMP/hostile.log" &
+        hostile=$!
+        sleep 0.5
+    fi
     if line=$("$LOAD" "${args[@]}"); then
         after=$(cpu_ticks "${pids[@]}")
+        if [[ -n $hostile ]]; then
+            wait "$hostile" || true
+            log "  hostile load: $(cat "$TMP/hostile.out")"
+        fi
         log "  $line"
         ROWS+=("$(awk -v server="$label" -v ticks=$((after - before)) -v hz="$(getconf CLK_TCK)" \
             -v secs=$((WARMUP + DURATION)) -v rss="$(rss_mib "${pids[@]}")" '{
@@ -249,6 +270,14 @@ if [[ $BASELINE_ONLY != 1 ]]; then
     if [[ -d $POLICIES_SRC ]]; then
         cp -R "$POLICIES_SRC/." "$TMP/policies/"
     fi
+    if [[ $HOSTILE == 1 ]]; then
+        cp "$TARGET_DIR/wasm-guests/wasm32-wasip2/release/hostile.wasm" "$TMP/policies/"
+        sed -i 's/^module = "capability-policy.wasm"/module = "hostile.wasm"/' "$TMP/policies/policies.toml"
+        grep -q '^module = "hostile.wasm"' "$TMP/policies/policies.toml" ||
+            { log "could not make hostile.wasm the capability policy"; exit 2; }
+        label_extra=", hostile policy"
+        [[ $HOSTILE_CONNECTIONS -gt 0 ]] && label_extra+=" + $HOSTILE_CONNECTIONS looping connections"
+    fi
     server_pids=()
     ALSO=()
     for n in $(seq 1 "$INSTANCES"); do
@@ -259,7 +288,7 @@ if [[ $BASELINE_ONLY != 1 ]]; then
     label="homeserver ($BACKEND"
     [[ $BACKEND == postgres ]] && label+=" + S3 (moto)"
     [[ $INSTANCES != 1 ]] && label+=", $INSTANCES instances"
-    label+=")"
+    label+="${label_extra:-})"
     for scenario in $SCENARIOS; do
         if [[ $scenario == *-1m || $scenario == *-10m ]]; then
             measure "$label" "$port" "$scenario" "$CONNECTIONS_1M" "${server_pids[@]}"

@@ -56,6 +56,12 @@ pub enum Scenario {
     /// is decided by the capability-policy guest.
     #[value(name = "session-get-1k")]
     SessionGet1k,
+    /// GET with a session of `/pub/bench/loop`: with `guests/testing/hostile` as the
+    /// capability policy every call spins until the guest deadline, so a few connections
+    /// are a hostile load that costs its client little (bench-hostile.sh). Nothing is
+    /// stored first (a PUT there would make the policy spin too).
+    #[value(name = "session-get-loop")]
+    SessionGetLoop,
     /// Plain `GET /`, for the baseline server.
     #[value(name = "static")]
     Static,
@@ -72,7 +78,7 @@ pub enum Kind {
 }
 
 impl Scenario {
-    pub const ALL: [Scenario; 10] = [
+    pub const ALL: [Scenario; 11] = [
         Scenario::Put1k,
         Scenario::Put1m,
         Scenario::Put10m,
@@ -82,6 +88,7 @@ impl Scenario {
         Scenario::PublicGet1k,
         Scenario::PublicGet1m,
         Scenario::SessionGet1k,
+        Scenario::SessionGetLoop,
         Scenario::Static,
     ];
 
@@ -96,6 +103,7 @@ impl Scenario {
             Scenario::Get1m => "get-1m",
             Scenario::PublicGet1k => "public-get-1k",
             Scenario::SessionGet1k => "session-get-1k",
+            Scenario::SessionGetLoop => "session-get-loop",
             Scenario::PublicGet1m => "public-get-1m",
             Scenario::Static => "static",
         }
@@ -106,7 +114,7 @@ impl Scenario {
             Scenario::Put1k | Scenario::Put1m | Scenario::Put10m => Kind::Put,
             Scenario::Get1k | Scenario::Get1m | Scenario::Get10m => Kind::SignedGet,
             Scenario::PublicGet1k | Scenario::PublicGet1m => Kind::PublicGet,
-            Scenario::SessionGet1k => Kind::SessionGet,
+            Scenario::SessionGet1k | Scenario::SessionGetLoop => Kind::SessionGet,
             Scenario::Static => Kind::Static,
         }
     }
@@ -119,13 +127,16 @@ impl Scenario {
             }
             Scenario::Put1m | Scenario::Get1m | Scenario::PublicGet1m => MIB,
             Scenario::Put10m | Scenario::Get10m => 10 * MIB,
-            Scenario::Static => 0,
+            Scenario::Static | Scenario::SessionGetLoop => 0,
         }
     }
 
     /// Path of the value read by the GET scenarios (written once during set-up).
     fn read_path(self) -> String {
-        format!("/pub/bench/{}/value", self.name())
+        match self {
+            Scenario::SessionGetLoop => "/pub/bench/loop".to_owned(),
+            _ => format!("/pub/bench/{}/value", self.name()),
+        }
     }
 }
 
@@ -258,7 +269,8 @@ impl Workload {
         if matches!(
             self.scenario.kind(),
             Kind::SignedGet | Kind::PublicGet | Kind::SessionGet
-        ) {
+        ) && self.scenario != Scenario::SessionGetLoop
+        {
             requests.push(self.signed(
                 Method::PUT,
                 &self.read_path,

@@ -1,7 +1,9 @@
 //! One capability decision (a session with three capability strings) through the
 //! capability-policy guest — on a reused instance and on a fresh instance per call —
 //! against the same rule in native code (`homeserver_protocol::Capability::covers`).
-//! Prints p50 / p99 / mean per variant.
+//! Prints p50 / p99 / mean per variant. When the Python guest is built
+//! (`scripts/build-python-guest`), the same decision through it, its size, its compile
+//! time and its load time from the module cache.
 //!
 //! Run: `cargo bench -p homeserver-runtime --bench policy_decision`
 
@@ -75,6 +77,8 @@ fn main() {
         black_box(reused.authorize(black_box(&public)).map(|d| d.allow).ok());
     });
 
+    python(&request);
+
     // Retiring every instance after one call makes each call instantiate afresh
     // (Store + instantiate from InstancePre + call).
     let fresh = runtime(1);
@@ -98,5 +102,44 @@ fn main() {
             s.parse::<Capability>()
                 .is_ok_and(|c| c.covers(Action::Write, black_box(PATH)))
         }));
+    });
+}
+
+/// The Python guest (guests/python), when it is built: compile, cached load, per call.
+fn python(request: &AuthorizeRequest) {
+    let module = std::path::Path::new(env!("CARGO_MANIFEST_DIR"))
+        .join("../../target/python-guest/capability_policy_py.wasm");
+    let Ok(bytes) = std::fs::read(&module) else {
+        println!("(no Python guest: scripts/build-python-guest builds it)");
+        return;
+    };
+    let dir = tempfile::tempdir().expect("tempdir");
+    std::fs::write(dir.path().join("policy.wasm"), &bytes).expect("copy");
+    std::fs::write(
+        dir.path().join("policies.toml"),
+        "[capability-policy]\nmodule = \"policy.wasm\"\nfallback = \"none\"\n",
+    )
+    .expect("policies.toml");
+    let load = || {
+        let started = Instant::now();
+        let runtime = PolicyRuntime::load(RuntimeConfig {
+            policies_dir: dir.path().to_owned(),
+            cache_dir: Some(dir.path().join("cache")),
+            ..RuntimeConfig::default()
+        })
+        .expect("runtime");
+        (runtime, started.elapsed())
+    };
+    let (_, compiled) = load();
+    let (runtime, cached) = load();
+    println!(
+        "python guest: {} bytes; load with compile {:.2} s, from the module cache {:.1} ms",
+        bytes.len(),
+        compiled.as_secs_f64(),
+        cached.as_secs_f64() * 1e3
+    );
+    assert!(runtime.authorize(request).expect("decision").allow);
+    measure("python guest, reused instance", 20_000, || {
+        black_box(runtime.authorize(black_box(request)).map(|d| d.allow).ok());
     });
 }

@@ -52,6 +52,10 @@ pub struct RuntimeConfig {
     /// How long an isolated call waits for a free guest thread before it fails closed
     /// (the slot's safe default): a guest that loops holds threads for its deadline.
     pub guest_wait: Duration,
+    /// Niceness of the guest threads (Linux, per thread): 10 by default, so a guest
+    /// that spins until its deadline gives the cores up to the request threads when
+    /// both want them. 0 keeps the process's priority.
+    pub guest_nice: u8,
 }
 
 impl Default for RuntimeConfig {
@@ -68,6 +72,7 @@ impl Default for RuntimeConfig {
             watch_debounce: Duration::from_millis(300),
             guest_threads: cores.max(2),
             guest_wait: Duration::from_secs(1),
+            guest_nice: 10,
         }
     }
 }
@@ -241,7 +246,7 @@ struct GuestPool {
 }
 
 impl GuestPool {
-    fn new(threads: usize) -> Result<Self, RuntimeError> {
+    fn new(threads: usize, nice: u8) -> Result<Self, RuntimeError> {
         let threads = threads.max(1);
         let (jobs, queue) = crossbeam_channel::bounded::<GuestJob>(threads * 256);
         for n in 0..threads {
@@ -249,6 +254,7 @@ impl GuestPool {
             std::thread::Builder::new()
                 .name(format!("guest-{n}"))
                 .spawn(move || {
+                    lower_priority(nice);
                     while let Ok(job) = queue.recv() {
                         job();
                     }
@@ -257,6 +263,20 @@ impl GuestPool {
         }
         Ok(Self { jobs, threads })
     }
+}
+
+/// Gives the calling thread the niceness `nice` (Linux's nice is per thread; elsewhere
+/// this would renice the whole process, so it is left alone).
+fn lower_priority(nice: u8) {
+    #[cfg(target_os = "linux")]
+    if nice > 0 {
+        let thread = rustix::thread::gettid();
+        if let Err(e) = rustix::process::setpriority_process(Some(thread), i32::from(nice)) {
+            tracing::warn!("guest thread keeps the server's priority (setpriority: {e})");
+        }
+    }
+    #[cfg(not(target_os = "linux"))]
+    let _ = nice;
 }
 
 impl std::fmt::Debug for PolicyRuntime {
@@ -301,7 +321,7 @@ impl PolicyRuntime {
             max_instances: config.max_instances,
         })?;
         let cache = ModuleCache::new(&sandbox, config.cache_dir.clone());
-        let guest_pool = GuestPool::new(config.guest_threads)?;
+        let guest_pool = GuestPool::new(config.guest_threads, config.guest_nice)?;
         Ok(Self {
             guest_pool,
             slots: Slot::ALL.map(SlotCell::new),

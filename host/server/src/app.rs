@@ -429,6 +429,7 @@ async fn load_policies(config: &Config) -> Result<PolicyRuntime, StartError> {
             p.guest_threads
         },
         guest_wait: std::time::Duration::from_millis(p.guest_wait_ms),
+        guest_nice: p.guest_nice,
         ..defaults
     };
     let runtime = tokio::task::spawn_blocking(move || PolicyRuntime::load(runtime_config))

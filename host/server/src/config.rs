@@ -231,6 +231,8 @@ pub struct PoliciesConfig {
     pub guest_threads: usize,
     /// How long a request waits for a free guest thread before it is answered 503.
     pub guest_wait_ms: u64,
+    /// Niceness of the guest threads (0 to 19; Linux).
+    pub guest_nice: u8,
 }
 
 /// See [`PoliciesConfig::on_start_error`].
@@ -460,6 +462,12 @@ impl Config {
             problems.push(format!(
                 "{} must be at most 4096 (a wasm32 guest cannot address more)",
                 name("policies.memory_limit_mb")
+            ));
+        }
+        if self.policies.guest_nice > 19 {
+            problems.push(format!(
+                "{} must be from 0 to 19 (a nice value; 0 = the server's priority)",
+                name("policies.guest_nice")
             ));
         }
         if self.policies.guest_threads > 1024 {
