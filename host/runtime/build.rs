@@ -90,9 +90,12 @@ fn main() {
 
 /// Compiles the built-in guests to native code for the engine the runtime makes with its
 /// default settings (`<slot>.cwasm`), so a first start serves without compiling them
-/// (~0.5 s on 2 cores). The runtime checks each artifact against its engine and
-/// compiles the guest itself when they differ (other memory settings, or a binary
-/// moved to a CPU without the features this one has). Cross builds get none.
+/// (~0.5 s on 2 cores). The engine here is made without the pooling allocator, which
+/// does not enter wasmtime's compatibility check (the runtime test
+/// `builtin_guests_come_precompiled_for_the_default_engine` would see if it did). The
+/// runtime checks each artifact against its engine and compiles the guest itself when
+/// they differ (other memory settings, or a binary moved to a CPU without the features
+/// this one has). Cross builds get none.
 fn precompile_guests(out_dir: &Path) {
     let host = env::var("HOST").unwrap_or_default();
     let target = env::var("TARGET").unwrap_or_default();

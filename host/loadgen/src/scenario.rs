@@ -58,7 +58,7 @@ pub enum Scenario {
     SessionGet1k,
     /// GET with a session of `/pub/bench/loop`: with `guests/testing/hostile` as the
     /// capability policy every call spins until the guest deadline, so a few connections
-    /// are a hostile load that costs its client little (bench-hostile.sh). Nothing is
+    /// are a hostile load that costs its client little (bench.sh, BENCH_HOSTILE_*). Nothing is
     /// stored first (a PUT there would make the policy spin too).
     #[value(name = "session-get-loop")]
     SessionGetLoop,

@@ -36,8 +36,31 @@ use crate::types::{
     WIT_VERSIONS,
 };
 
-/// Public decisions kept per loaded module (a few hundred bytes each).
-const PUBLIC_DECISIONS: usize = 50_000;
+/// Public decisions kept per loaded module, by their bytes (paths up to 1 KiB and the
+/// guest's reasons, which the public chooses and the guest writes): at most 16 MiB.
+const PUBLIC_DECISIONS_BYTES: u64 = 16 << 20;
+/// The number of them the cache is sized for (short paths).
+const PUBLIC_DECISIONS_EXPECTED: usize = 50_000;
+
+/// Weighs a cached public decision by what it holds.
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct DecisionBytes;
+
+impl quick_cache::Weighter<PublicQuestion, Decision> for DecisionBytes {
+    fn weight(&self, key: &PublicQuestion, value: &Decision) -> u64 {
+        (key.user.len() + key.path.len() + value.reason.len() + 64) as u64
+    }
+}
+
+type PublicDecisions = quick_cache::sync::Cache<PublicQuestion, Decision, DecisionBytes>;
+
+fn public_decisions() -> PublicDecisions {
+    quick_cache::sync::Cache::with_weighter(
+        PUBLIC_DECISIONS_EXPECTED,
+        PUBLIC_DECISIONS_BYTES,
+        DecisionBytes,
+    )
+}
 
 /// What is known about a loaded module, for status reports.
 #[derive(Debug, Clone)]
@@ -125,8 +148,8 @@ impl Pre {
 }
 
 /// The key of a cached public decision.
-#[derive(Debug, Clone, PartialEq, Eq, Hash)]
-struct PublicQuestion {
+#[derive(Debug, Clone, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub(crate) struct PublicQuestion {
     user: String,
     path: String,
     method: Method,
@@ -187,7 +210,7 @@ pub(crate) struct LoadedModule {
     pool: PoolOptions,
     idle: Mutex<Vec<Warm>>,
     /// Answers to public reads (0.2.0 policies only); they go with the module.
-    public_decisions: quick_cache::sync::Cache<PublicQuestion, Decision>,
+    pub(crate) public_decisions: PublicDecisions,
 }
 
 impl LoadedModule {
@@ -222,7 +245,7 @@ impl LoadedModule {
             config: Arc::new(config),
             pool,
             idle: Mutex::new(Vec::new()),
-            public_decisions: quick_cache::sync::Cache::new(PUBLIC_DECISIONS),
+            public_decisions: public_decisions(),
         })
     }
 
@@ -236,7 +259,7 @@ impl LoadedModule {
             config: Arc::new(config),
             pool: self.pool,
             idle: Mutex::new(Vec::new()),
-            public_decisions: quick_cache::sync::Cache::new(PUBLIC_DECISIONS),
+            public_decisions: public_decisions(),
         }
     }
 
@@ -314,6 +337,16 @@ impl LoadedModule {
         }
     }
 
+    /// The key under which the answer to `req` is cached: a public read asked of a
+    /// policy that knows the public caller.
+    pub(crate) fn public_question(&self, req: &AuthorizeRequest) -> Option<PublicQuestion> {
+        PublicQuestionRef::of(req)
+            .filter(|_| self.pre.knows_public())
+            .map(PublicQuestionRef::owned)
+    }
+
+    /// Decides `req`: from the cache when it can, else by calling the guest (and caching
+    /// a public answer).
     pub(crate) fn authorize(
         &self,
         stats: &StatsCell,
@@ -322,15 +355,24 @@ impl LoadedModule {
         if let Some(decision) = self.known_decision(req) {
             return Ok(decision);
         }
-        let decision = match &self.pre {
-            Pre::PolicyV01(_) => self.authorize_v0_1(stats, req)?,
-            _ => self.authorize_current(stats, req)?,
-        };
-        if let Some(question) = PublicQuestionRef::of(req) {
-            self.public_decisions
-                .insert(question.owned(), decision.clone());
+        let decision = self.authorize_uncached(stats, req)?;
+        if let Some(question) = self.public_question(req) {
+            self.public_decisions.insert(question, decision.clone());
         }
         Ok(decision)
+    }
+
+    /// Calls the guest about `req`, whatever the cache holds (the isolated path fills
+    /// the cache itself, one call per question).
+    pub(crate) fn authorize_uncached(
+        &self,
+        stats: &StatsCell,
+        req: &AuthorizeRequest,
+    ) -> Result<Decision, GuestFailure> {
+        match &self.pre {
+            Pre::PolicyV01(_) => self.authorize_v0_1(stats, req),
+            _ => self.authorize_current(stats, req),
+        }
     }
 
     fn authorize_current(

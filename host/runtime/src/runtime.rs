@@ -8,6 +8,7 @@
 //! Reloads run one at a time, off the request path (the watcher's thread, a SIGHUP
 //! handler, an admin request); calls never wait for them.
 
+use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
@@ -17,7 +18,7 @@ use serde::Serialize;
 
 use crate::cache::ModuleCache;
 use crate::error::{GuestFailure, RuntimeError};
-use crate::module::{LoadedModule, ModuleInfo, PoolOptions};
+use crate::module::{LoadedModule, ModuleInfo, PoolOptions, PublicQuestion};
 use crate::policies::{ModuleSource, Policies};
 use crate::sandbox::{Sandbox, SandboxLimits};
 use crate::stats::{SlotStats, StatsCell};
@@ -235,6 +236,11 @@ pub struct PolicyRuntime {
     guest_pool: GuestPool,
 }
 
+/// Questions answered in one guest-thread visit (`authorize_many_isolated`): a warm
+/// call takes ~1 µs, so a visit stays far inside one call deadline, which bounds how
+/// long a caller waits for its visit.
+const QUESTIONS_PER_VISIT: usize = 16;
+
 /// One guest call for a guest thread.
 type GuestJob = Box<dyn FnOnce() + Send>;
 
@@ -265,13 +271,18 @@ impl GuestPool {
     }
 }
 
-/// Gives the calling thread the niceness `nice` (Linux's nice is per thread; elsewhere
-/// this would renice the whole process, so it is left alone).
+/// Lowers the calling thread's priority by `nice` steps from the process's (Linux's
+/// nice is per thread; elsewhere this would renice the whole process, so it is left
+/// alone). Relative, so a server started at nice 5 runs its guests at 15, never above
+/// itself; capped at 19, the lowest.
 fn lower_priority(nice: u8) {
     #[cfg(target_os = "linux")]
     if nice > 0 {
         let thread = rustix::thread::gettid();
-        if let Err(e) = rustix::process::setpriority_process(Some(thread), i32::from(nice)) {
+        let result = rustix::process::getpriority_process(Some(thread)).and_then(|now| {
+            rustix::process::setpriority_process(Some(thread), (now + i32::from(nice)).min(19))
+        });
+        if let Err(e) = result {
             tracing::warn!("guest thread keeps the server's priority (setpriority: {e})");
         }
     }
@@ -460,39 +471,98 @@ impl PolicyRuntime {
         self: &Arc<Self>,
         req: AuthorizeRequest,
     ) -> Result<Decision, GuestFailure> {
-        if let Some(decision) = self
-            .module(Slot::CapabilityPolicy)
-            .and_then(|m| m.known_decision(&req))
-        {
-            return Ok(decision);
-        }
-        self.isolated(Slot::CapabilityPolicy, move |rt| rt.authorize(&req))
-            .await
+        let mut decisions = self.authorize_many_isolated(vec![req]).await?;
+        decisions.pop().ok_or_else(|| GuestFailure::Trap {
+            slot: Slot::CapabilityPolicy,
+            message: "no decision came back".into(),
+        })
     }
 
-    /// Asks about several requests (the entries of a public listing's page) in one
-    /// guest-thread visit; the answers are in the requests' order. Those answered
-    /// before are not asked again.
+    /// Asks about several requests (the entries of a public listing's page, the events
+    /// of a stream's batch) in one guest-thread visit; the answers are in the requests'
+    /// order. Those answered before are not asked again, and a public question is put
+    /// to the guest once however many ask it at the same moment (a new path's event
+    /// reaches every subscriber of a stream together): the first asker holds the
+    /// cache's placeholder, the others wait for its answer. Placeholders are taken in
+    /// the questions' order, so two askers never wait on each other.
     pub async fn authorize_many_isolated(
         self: &Arc<Self>,
         requests: Vec<AuthorizeRequest>,
     ) -> Result<Vec<Decision>, GuestFailure> {
         let module = self.module(Slot::CapabilityPolicy);
-        let known: Vec<Option<Decision>> = requests
+        let mut answers: Vec<Option<Decision>> = requests
             .iter()
             .map(|req| module.as_ref().and_then(|m| m.known_decision(req)))
             .collect();
-        if known.iter().all(Option::is_some) {
-            return Ok(known.into_iter().flatten().collect());
+        if answers.iter().all(Option::is_some) {
+            return Ok(answers.into_iter().flatten().collect());
         }
-        self.isolated(Slot::CapabilityPolicy, move |rt| {
-            requests
-                .iter()
-                .zip(known)
-                .map(|(req, known)| known.map_or_else(|| rt.authorize(req), Ok))
-                .collect()
-        })
-        .await
+        let mut placeholders = Vec::new();
+        if let Some(module) = &module {
+            let mut open: BTreeMap<PublicQuestion, Vec<usize>> = BTreeMap::new();
+            for (i, req) in requests.iter().enumerate() {
+                if answers[i].is_none()
+                    && let Some(question) = module.public_question(req)
+                {
+                    open.entry(question).or_default().push(i);
+                }
+            }
+            for (question, asked_by) in open {
+                match module
+                    .public_decisions
+                    .get_value_or_guard_async(&question)
+                    .await
+                {
+                    Ok(decision) => {
+                        for i in asked_by {
+                            answers[i] = Some(decision.clone());
+                        }
+                    }
+                    Err(placeholder) => placeholders.push((asked_by, placeholder)),
+                }
+            }
+        }
+        let pending: Vec<(usize, AuthorizeRequest)> = requests
+            .into_iter()
+            .enumerate()
+            .filter(|(i, _)| answers[*i].is_none())
+            .collect();
+        // A visit's wait is bounded by one call's deadline: a page of a thousand new
+        // questions goes in visits of a few, each within that bound.
+        let mut pending = pending.into_iter().peekable();
+        while pending.peek().is_some() {
+            let visit: Vec<_> = pending.by_ref().take(QUESTIONS_PER_VISIT).collect();
+            let decided = self
+                .isolated(Slot::CapabilityPolicy, move |rt| {
+                    let cell = &rt.slots[index(Slot::CapabilityPolicy)];
+                    let Some(module) = cell.current.load_full() else {
+                        return Err(cell.unavailable());
+                    };
+                    visit
+                        .into_iter()
+                        .map(|(i, req)| Ok((i, module.authorize_uncached(&cell.stats, &req)?)))
+                        .collect::<Result<Vec<_>, GuestFailure>>()
+                })
+                .await?;
+            for (i, decision) in decided {
+                answers[i] = Some(decision);
+            }
+        }
+        for (asked_by, placeholder) in placeholders {
+            if let Some(decision) = asked_by.first().and_then(|&i| answers[i].clone()) {
+                // Err: the module was swapped meanwhile and someone answered already.
+                let _ = placeholder.insert(decision);
+            }
+        }
+        answers
+            .into_iter()
+            .map(|a| {
+                a.ok_or_else(|| GuestFailure::Trap {
+                    slot: Slot::CapabilityPolicy,
+                    message: "a question went unanswered".into(),
+                })
+            })
+            .collect()
     }
 
     /// [`check_text`](Self::check_text) off the async runtime (see `isolated`).

@@ -92,7 +92,7 @@ pub enum Operation {
 }
 
 /// The HTTP method of the request (WIT 0.2.0).
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize, Deserialize)]
 #[serde(rename_all = "lowercase")]
 pub enum Method {
     Get,

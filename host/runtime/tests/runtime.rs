@@ -229,11 +229,61 @@ fn the_policy_decides_public_reads() {
     head.method = Some(homeserver_runtime::Method::Head);
     assert!(runtime.authorize(&head).unwrap().allow);
     assert_eq!(calls(), before + 4);
+    // So is another user's space.
+    let mut other_user = public("/pub/open/x");
+    other_user.user = "8pinxxgqs41n4aididenw5apqp1urfmzdztr8jt4abrkdn435ewo".into();
+    assert!(runtime.authorize(&other_user).unwrap().allow);
+    assert_eq!(calls(), before + 5);
 
     // A new policy (deny-all) answers afresh: nothing of the old module's cache stays.
     std::fs::copy(guest("deny_all"), dir.path().join("capability-policy.wasm")).unwrap();
     assert!(runtime.reload().is_ok());
     assert!(!runtime.authorize(&public("/pub/open/x")).unwrap().allow);
+}
+
+/// Many askers of the same new public question at once (a new path's event reaching
+/// every subscriber of a stream) cost one guest call, not one each.
+#[test]
+fn a_public_question_asked_by_many_at_once_is_put_to_the_guest_once() {
+    let dir = policies_dir();
+    let runtime = Arc::new(PolicyRuntime::load(config(dir.path())).unwrap());
+    let rt = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(4)
+        .enable_all()
+        .build()
+        .unwrap();
+    let before = runtime.stats()[0].calls;
+    rt.block_on(async {
+        let askers: Vec<_> = (0..64)
+            .map(|i| {
+                let runtime = Arc::clone(&runtime);
+                tokio::spawn(async move {
+                    // Half ask alone, half as part of a batch with another question.
+                    if i % 2 == 0 {
+                        vec![
+                            runtime
+                                .authorize_isolated(public("/pub/new"))
+                                .await
+                                .unwrap(),
+                        ]
+                    } else {
+                        runtime
+                            .authorize_many_isolated(vec![public("/pub/other"), public("/pub/new")])
+                            .await
+                            .unwrap()
+                    }
+                })
+            })
+            .collect();
+        for asker in askers {
+            assert!(asker.await.unwrap().iter().all(|d| d.allow));
+        }
+    });
+    assert_eq!(
+        runtime.stats()[0].calls,
+        before + 2,
+        "one call per question"
+    );
 }
 
 /// A guest built from the frozen WIT 0.1.0 (guests/testing/policy-v0-1) still loads and

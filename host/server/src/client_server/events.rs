@@ -104,6 +104,10 @@ pub async fn stream(State(app): State<AppState>, request: Request) -> Response {
         )
         .into_response();
     };
+    // The stream is public: events of paths the policy hides from the public are left
+    // out (before `limit` counts them).
+    let mut subscription = subscription;
+    subscription.visible = Some(app.access.public_filter());
     let batches = match app.events.subscribe(subscription).await {
         Ok(b) => b,
         Err(e) => return ApiError::from(e).into_response(),
@@ -113,47 +117,39 @@ pub async fn stream(State(app): State<AppState>, request: Request) -> Response {
     // line when nothing was sent for a while keeps idle streams open through proxies.
     let keep_alive = tokio::time::interval_at(tokio::time::Instant::now() + KEEP_ALIVE, KEEP_ALIVE);
     // The slot goes back when the body is dropped (the client left, or shutdown).
-    let access = app.access.clone();
     let body = futures_util::stream::unfold(
-        (Box::pin(batches), keep_alive, slot),
-        move |(mut batches, mut keep_alive, slot)| {
-            let access = access.clone();
-            async move {
-                let chunk = tokio::select! {
-                    batch = batches.next() => match batch? {
-                        // Events name paths: those the policy hides from the public are
-                        // left out (the stream is public). If the policy cannot answer,
-                        // the stream ends with an error event and the client resumes.
-                        Ok(events) => match access
-                            .public_can_read(
-                                events.iter().map(|e| (e.record.user.as_str(), e.record.path.as_str())),
-                            )
-                            .await
-                        {
-                        Ok(visible) => {
-                            let mut chunk =
-                                BytesMut::with_capacity(events.iter().map(|e| e.frame.len()).sum());
-                            for (event, _) in events.iter().zip(visible).filter(|(_, v)| *v) {
-                                chunk.extend_from_slice(&event.frame);
-                            }
-                            keep_alive.reset();
-                            chunk.freeze()
-                        }
-                        Err(e) => {
-                            tracing::warn!(error = %e, "event stream: the policy could not decide");
-                            Bytes::from_static(STREAM_FAILED)
-                        }
-                        },
-                        Err(e) => {
-                            // Headers are sent: say what happened in a final event, then end.
-                            tracing::warn!(error = %e, "event stream failed");
-                            Bytes::from_static(STREAM_FAILED)
-                        }
-                    },
-                    _ = keep_alive.tick() => Bytes::from_static(b":\n\n"),
-                };
-                Some((Ok::<_, Infallible>(chunk), (batches, keep_alive, slot)))
+        (Box::pin(batches), keep_alive, slot, false),
+        |(mut batches, mut keep_alive, slot, failed)| async move {
+            // The error event was the last one: end the stream (the client resumes
+            // from the last id it got).
+            if failed {
+                return None;
             }
+            let mut failed = false;
+            let chunk = tokio::select! {
+                batch = batches.next() => match batch? {
+                    Ok(events) => {
+                        let mut chunk =
+                            BytesMut::with_capacity(events.iter().map(|e| e.frame.len()).sum());
+                        for event in &events {
+                            chunk.extend_from_slice(&event.frame);
+                        }
+                        keep_alive.reset();
+                        chunk.freeze()
+                    }
+                    Err(e) => {
+                        // Headers are sent: say what happened in a final event, then end.
+                        tracing::warn!(error = %e, "event stream failed");
+                        failed = true;
+                        Bytes::from_static(STREAM_FAILED)
+                    }
+                },
+                _ = keep_alive.tick() => Bytes::from_static(b":\n\n"),
+            };
+            Some((
+                Ok::<_, Infallible>(chunk),
+                (batches, keep_alive, slot, failed),
+            ))
         },
     );
     (
@@ -196,6 +192,7 @@ fn parse_query(request: &Request) -> Result<Subscription, ApiError> {
         limit: None,
         live: false,
         reverse: false,
+        visible: None,
     };
     for (key, value) in request
         .uri()

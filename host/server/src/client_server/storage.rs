@@ -11,6 +11,7 @@ use axum::response::{IntoResponse, Response};
 use base64::Engine;
 use base64::engine::general_purpose::STANDARD;
 use futures_util::TryStreamExt;
+use homeserver_protocol::wire::ListResult;
 use homeserver_protocol::{ErrorCode, StoragePath};
 
 use super::AppState;
@@ -75,10 +76,20 @@ async fn read(app: AppState, parts: Parts, path: StoragePath) -> Result<Response
     let space = access.space();
     if path.is_listing() {
         let options = list_options(&parts.uri)?;
-        let mut page = app.storage.list(space, &path, options).await?;
-        if let ReadAccess::Public(space) = &access {
-            app.access.hide_from_public(space, &mut page).await?;
-        }
+        let page = match &access {
+            ReadAccess::Owner(_) => app.storage.list(space, &path, options, None).await?,
+            ReadAccess::Public(_) => {
+                let filter = app.access.public_filter();
+                app.storage
+                    .list(space, &path, options, Some(&filter))
+                    .await?
+            }
+            ReadAccess::PublicHiddenListing(_) => ListResult {
+                entries: Vec::new(),
+                cursor: None,
+                has_more: false,
+            },
+        };
         return Ok(Json(page).into_response());
     }
     let record = app.storage.entry(space, &path).await?;
@@ -171,13 +182,13 @@ async fn put(
     entry_path_only(&path)?;
     let info = request_info(&parts)?;
     let declared_len = match parts.headers.get(header::CONTENT_LENGTH) {
-        None => None,
-        Some(v) => Some(
-            v.to_str()
-                .ok()
-                .and_then(|s| s.parse::<u64>().ok())
-                .ok_or_else(|| ApiError::new(ErrorCode::BadRequest, "invalid Content-Length"))?,
-        ),
+        None => Ok(None),
+        Some(v) => v
+            .to_str()
+            .ok()
+            .and_then(|s| s.parse::<u64>().ok())
+            .map(Some)
+            .ok_or_else(|| ApiError::new(ErrorCode::BadRequest, "invalid Content-Length")),
     };
     let grant = app
         .access
@@ -186,9 +197,13 @@ async fn put(
             info.host.as_ref(),
             info.signed_target(),
             &path,
-            WriteMethod::Put { size: declared_len },
+            WriteMethod::Put {
+                size: declared_len.as_ref().ok().copied().flatten(),
+            },
         )
         .await?;
+    // Credentials first (401 before 400), as before the policy was told the size.
+    let declared_len = declared_len?;
     let stream = body
         .into_data_stream()
         .map_err(|e| BodyError(e.to_string()));

@@ -8,7 +8,6 @@
 
 use std::sync::Arc;
 
-use homeserver_protocol::wire::ListResult;
 use homeserver_protocol::{AuthHeader, BodyHash, PublicKey, StoragePath};
 use homeserver_runtime::{
     AuthorizeRequest, Caller as PolicyCaller, GuestFailure, Method, Operation, PolicyRuntime,
@@ -17,6 +16,7 @@ use homeserver_runtime::{
 use super::ServiceError;
 use super::auth::{self, Credentials, ReadAccess, SignedTarget};
 use super::sessions::SessionService;
+use super::visibility::PublicFilter;
 use crate::persistence::metadata::SessionRecord;
 
 /// Who writes, once access control let them.
@@ -122,26 +122,18 @@ impl AccessControl {
         }))
     }
 
-    /// Leaves out of a public listing's page the entries the policy denies to the
-    /// public (each asked as a GET of its path; a sub-folder as a listing). The page's
-    /// cursor and `has_more` stay those of the whole page, so paging goes on past a
-    /// page that lost entries (it may even come back empty with `has_more`).
-    pub async fn hide_from_public(
-        &self,
-        space: &PublicKey,
-        page: &mut ListResult,
-    ) -> Result<(), ServiceError> {
-        let user = space.to_z32();
-        let visible = self
-            .public_can_read(
-                page.entries
-                    .iter()
-                    .map(|e| (user.as_str(), e.path.as_str())),
-            )
-            .await?;
-        let mut visible = visible.into_iter();
-        page.entries.retain(|_| visible.next().unwrap_or(false));
-        Ok(())
+    /// The policy's public answers as a [`PublicFilter`], for the services that page
+    /// through paths (public listings and event streams).
+    pub fn public_filter(&self) -> PublicFilter {
+        let access = self.clone();
+        PublicFilter::new(Arc::new(move |items: Vec<(String, String)>| {
+            let access = access.clone();
+            Box::pin(async move {
+                access
+                    .public_can_read(items.iter().map(|(u, p)| (u.as_str(), p.as_str())))
+                    .await
+            })
+        }))
     }
 
     /// Whether the public may read each `(user, path)`, asked as a GET (a listing when
@@ -274,10 +266,11 @@ impl AccessControl {
         if path.is_private() {
             return Err(auth::private_reserved());
         }
-        if let Some(refusal) = self.decide(question(PolicyCaller::Public, &host)).await? {
-            return Err(refusal);
+        match self.decide(question(PolicyCaller::Public, &host)).await? {
+            Some(_) if path.is_listing() => Ok(ReadAccess::PublicHiddenListing(host)),
+            Some(refusal) => Err(refusal),
+            None => Ok(ReadAccess::Public(host)),
         }
-        Ok(ReadAccess::Public(host))
     }
 
     /// A write of `path`, only in the writer's own space: a PUT declaring `size` bytes

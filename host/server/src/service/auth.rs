@@ -32,12 +32,16 @@ pub enum ReadAccess {
     Owner(PublicKey),
     /// Anyone reads another user's public data.
     Public(PublicKey),
+    /// A public listing of a folder the capability policy hides: answered as an empty
+    /// folder, exactly like one that does not exist (a 404 would tell hidden from
+    /// missing).
+    PublicHiddenListing(PublicKey),
 }
 
 impl ReadAccess {
     pub fn space(&self) -> &PublicKey {
         match self {
-            ReadAccess::Owner(k) | ReadAccess::Public(k) => k,
+            ReadAccess::Owner(k) | ReadAccess::Public(k) | ReadAccess::PublicHiddenListing(k) => k,
         }
     }
 }

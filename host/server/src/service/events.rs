@@ -23,6 +23,7 @@ use tokio_util::sync::CancellationToken;
 
 use super::ServiceError;
 use super::entry_cache::EntryCache;
+use super::visibility::PublicFilter;
 use crate::persistence::MetadataStore;
 pub use crate::persistence::metadata::UserCursor;
 use crate::persistence::metadata::{EventQuery, EventRecord, ReverseEventQuery};
@@ -100,6 +101,9 @@ pub struct Subscription {
     pub limit: Option<u32>,
     pub live: bool,
     pub reverse: bool,
+    /// The public's view (event streams are public): events of paths the policy hides
+    /// are left out before `limit` counts them. `None`: every event.
+    pub visible: Option<PublicFilter>,
 }
 
 impl Subscription {
@@ -330,7 +334,28 @@ struct Cursoring {
 }
 
 impl Cursoring {
-    fn take(&mut self, mut batch: Vec<Arc<HubEvent>>) -> Vec<Arc<HubEvent>> {
+    /// What of `batch` the subscriber gets: the events it may see, up to its limit.
+    /// A policy that cannot answer ends the subscription with the error.
+    async fn take(
+        &mut self,
+        mut batch: Vec<Arc<HubEvent>>,
+    ) -> Result<Vec<Arc<HubEvent>>, ServiceError> {
+        if let Some(filter) = &self.subscription.visible {
+            let questions = batch
+                .iter()
+                .map(|e| (e.user.clone(), e.path.clone()))
+                .collect();
+            match filter.visible(questions).await {
+                Ok(shown) => {
+                    let mut shown = shown.into_iter();
+                    batch.retain(|_| shown.next().unwrap_or(false));
+                }
+                Err(e) => {
+                    self.done = true;
+                    return Err(e);
+                }
+            }
+        }
         if let Some(remaining) = &mut self.remaining {
             batch.truncate(*remaining as usize);
             *remaining -= batch.len() as u32;
@@ -338,7 +363,7 @@ impl Cursoring {
                 self.done = true;
             }
         }
-        batch
+        Ok(batch)
     }
 
     async fn next_forward(&mut self) -> Option<Result<Vec<Arc<HubEvent>>, ServiceError>> {
@@ -400,14 +425,25 @@ impl Cursoring {
                     rows.into_iter().map(HubEvent::new).collect()
                 }
             };
-            let batch = self.take(batch);
-            if !batch.is_empty() {
-                return Some(Ok(batch));
+            match self.take(batch).await {
+                Ok(batch) if batch.is_empty() => {}
+                Ok(batch) => return Some(Ok(batch)),
+                Err(e) => return Some(Err(e)),
             }
         }
     }
 
     async fn next_reverse(&mut self) -> Option<Result<Vec<Arc<HubEvent>>, ServiceError>> {
+        // A batch the filter emptied is not the end: read on.
+        loop {
+            match self.next_reverse_batch().await? {
+                Ok(batch) if batch.is_empty() => {}
+                other => return Some(other),
+            }
+        }
+    }
+
+    async fn next_reverse_batch(&mut self) -> Option<Result<Vec<Arc<HubEvent>>, ServiceError>> {
         if self.done {
             return None;
         }
@@ -435,12 +471,10 @@ impl Cursoring {
             Some(last) => self.before = last.cursor,
             None => return None,
         }
-        let batch = self.take(rows.into_iter().map(HubEvent::new).collect());
-        if batch.is_empty() {
-            None
-        } else {
-            Some(Ok(batch))
-        }
+        Some(
+            self.take(rows.into_iter().map(HubEvent::new).collect())
+                .await,
+        )
     }
 }
 
@@ -509,6 +543,7 @@ mod tests {
                 limit: None,
                 live: true,
                 reverse: false,
+                visible: None,
             })
             .await
             .unwrap(),

@@ -6,6 +6,7 @@
 //! - [`sessions`]: capability-limited bearer sessions.
 //! - [`storage`]: PUT, GET, DELETE and listing of entries.
 //! - [`upload_staging`]: bounded memory for uploads whose signature is not proven yet.
+//! - [`visibility`]: the policy's public answers, for listings and event streams.
 //! - [`signup`]: registering users.
 //! - [`error`]: [`ServiceError`], mapped to HTTP once in `client_server::error`.
 
@@ -21,6 +22,7 @@ pub mod sessions;
 pub mod signup;
 pub mod storage;
 pub mod upload_staging;
+pub mod visibility;
 
 pub use error::ServiceError;
 

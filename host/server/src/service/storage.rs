@@ -24,6 +24,7 @@ use super::auth;
 use super::entry_cache::EntryCache;
 use super::events::EventHub;
 use super::upload_staging::{StagedBody, UploadStaging};
+use super::visibility::PublicFilter;
 use super::{ServiceError, now_secs};
 use crate::persistence::blobs::BlobError;
 pub use crate::persistence::metadata::EntryRecord;
@@ -433,11 +434,17 @@ impl StorageService {
     }
 
     /// Lists entries under `prefix` (a path ending in `/`).
+    /// A page of the listing of `prefix` in `space`. With `visible` (a public listing),
+    /// paths the policy hides from the public are skipped while the page is read, so
+    /// the page's `limit`, `has_more` and cursor count only what the public sees (a
+    /// shallow listing shows a sub-folder when the folder and an entry under it are
+    /// visible). Hidden rows still cost reading them.
     pub async fn list(
         &self,
         space: &PublicKey,
         prefix: &StoragePath,
         options: ListOptions,
+        visible: Option<&PublicFilter>,
     ) -> Result<ListResult, ServiceError> {
         let limit = match options.limit {
             None => DEFAULT_LIST_LIMIT,
@@ -483,16 +490,55 @@ impl StorageService {
                 })
                 .await?;
             let full_batch = rows.len() == want - items.len();
+            let folder_of = |path: &str| {
+                let rest = &path[prefix.len()..];
+                rest.find('/')
+                    .filter(|_| options.shallow)
+                    .map(|slash| format!("{prefix}{}", &rest[..=slash]))
+            };
+            // With a filter: one question per row and per sub-folder, asked at once.
+            let shown = match visible {
+                None => None,
+                Some(filter) => {
+                    let mut questions = Vec::with_capacity(rows.len());
+                    for row in &rows {
+                        questions.push((user.clone(), row.path.clone()));
+                        if let Some(folder) = folder_of(&row.path) {
+                            questions.push((user.clone(), folder));
+                        }
+                    }
+                    let answers = filter.visible(questions.clone()).await?;
+                    Some(
+                        questions
+                            .into_iter()
+                            .map(|(_, path)| path)
+                            .zip(answers)
+                            .collect::<std::collections::HashMap<_, _>>(),
+                    )
+                }
+            };
+            let is_shown = |path: &str| shown.as_ref().is_none_or(|s| s.get(path) == Some(&true));
             for row in rows {
-                let rest = &row.path[prefix.len()..];
-                match rest.find('/').filter(|_| options.shallow) {
-                    Some(slash) => {
-                        // A sub-folder: list it once and skip past its contents.
-                        let folder = format!("{prefix}{}", &rest[..=slash]);
+                if !is_shown(&row.path) {
+                    // Hidden: step past it (inside a folder, the next row may show it).
+                    if options.reverse {
+                        before = row.path.clone();
+                    } else {
+                        after = row.path.clone();
+                    }
+                    continue;
+                }
+                match folder_of(&row.path) {
+                    Some(folder) => {
+                        // A sub-folder: list it once (unless the folder itself is
+                        // hidden) and skip past its contents.
                         if options.reverse {
                             before = folder.clone();
                         } else {
                             after = format!("{folder}{ABOVE_PATH_CHARS}");
+                        }
+                        if !is_shown(&folder) {
+                            continue 'fetch;
                         }
                         items.push(ListEntry {
                             path: folder,

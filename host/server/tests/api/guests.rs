@@ -6,6 +6,7 @@
 use std::sync::Arc;
 use std::time::Instant;
 
+use base64::Engine;
 use homeserver_protocol::ErrorCode;
 use reqwest::Method;
 
@@ -241,8 +242,13 @@ async fn the_policy_hides_denied_paths_from_the_public() {
         .unwrap();
     assert_eq!(head.status(), 404);
     assert_eq!(host.public_get(&alice, "/pub/open/c").await.status(), 200);
-    // The folder itself is hidden; a listing of its parent leaves it out.
-    assert_eq!(host.public_get(&alice, "/pub/hidden/").await.status(), 404);
+    // The folder itself is hidden: an empty folder, like one that does not exist.
+    let hidden_folder: serde_json::Value =
+        expect_ok_json(host.public_get(&alice, "/pub/hidden/").await).await;
+    let nowhere: serde_json::Value =
+        expect_ok_json(host.public_get(&alice, "/pub/nowhere/").await).await;
+    assert_eq!(hidden_folder, nowhere);
+    // A listing of its parent leaves it out.
     for query in ["", "?shallow=true"] {
         let page: serde_json::Value =
             expect_ok_json(host.public_get(&alice, &format!("/pub/{query}")).await).await;
@@ -258,6 +264,34 @@ async fn the_policy_hides_denied_paths_from_the_public() {
             "/pub/open/"
         };
         assert_eq!(paths, [open], "{query}: {page}");
+    }
+    // Paging a page at a time, either way: no page and no cursor names a hidden path,
+    // and the last page says there is no more.
+    for order in ["", "&reverse=true"] {
+        let (mut cursor, mut seen) = (None::<String>, Vec::new());
+        for _ in 0..10 {
+            let query = match &cursor {
+                Some(c) => format!("/pub/?limit=1{order}&cursor={c}"),
+                None => format!("/pub/?limit=1{order}"),
+            };
+            let page: serde_json::Value =
+                expect_ok_json(host.public_get(&alice, &query).await).await;
+            for entry in page["entries"].as_array().unwrap() {
+                seen.push(entry["path"].as_str().unwrap().to_owned());
+            }
+            cursor = page["cursor"].as_str().map(str::to_owned);
+            if let Some(c) = &cursor {
+                let decoded = base64::engine::general_purpose::URL_SAFE_NO_PAD
+                    .decode(c)
+                    .unwrap();
+                let decoded = String::from_utf8(decoded).unwrap();
+                assert!(!decoded.contains("hidden"), "{order}: cursor {decoded}");
+            }
+            if page["has_more"] != true {
+                break;
+            }
+        }
+        assert_eq!(seen, ["/pub/open/c"], "{order}");
     }
     // The owner is refused with the reason; the public never sees it.
     let owner = host.get(&alice, "/pub/hidden/a").await;
@@ -293,6 +327,69 @@ async fn the_policy_hides_denied_paths_from_the_public() {
     assert!(
         text.contains("/pub/open/c") && !text.contains("/hidden/"),
         "{text}"
+    );
+    // Hidden events do not count against a stream's limit, either way.
+    for order in ["", "&reverse=true"] {
+        let stream = host
+            .request(
+                Method::GET,
+                &format!(
+                    "/events-stream?user={}&limit=1{order}",
+                    alice.public_key().to_z32()
+                ),
+            )
+            .send()
+            .await
+            .unwrap();
+        let text = tokio::time::timeout(std::time::Duration::from_secs(10), stream.text())
+            .await
+            .unwrap()
+            .unwrap();
+        assert!(
+            text.contains("/pub/open/c") && !text.contains("/hidden/"),
+            "{order}: {text}"
+        );
+    }
+}
+
+/// A policy built for WIT 0.1.0 serves a running server: it decides owners, is not
+/// asked about public reads (all allowed, listings whole), and /admin/policies says
+/// which version it was built for.
+#[tokio::test]
+async fn a_policy_built_for_wit_0_1_serves_and_public_reads_stay_open() {
+    let host = TestHost::start_single_with(|c| {
+        std::fs::create_dir_all(&c.policies.dir).unwrap();
+        std::fs::copy(
+            test_guest("policy_v0_1"),
+            c.policies.dir.join("capability-policy.wasm"),
+        )
+        .unwrap();
+    })
+    .await;
+    let alice = host.user().await;
+    assert_eq!(host.put(&alice, "/pub/a", b"x").await.status(), 200);
+    let closed = host.put(&alice, "/pub/frozen-closed/a", b"x").await;
+    let body = expect_error(closed, 403, ErrorCode::InsufficientPermissions).await;
+    assert_eq!(body.message, "0.1.0 guest: closed");
+    assert_eq!(host.public_get(&alice, "/pub/a").await.status(), 200);
+    let page: serde_json::Value = expect_ok_json(host.public_get(&alice, "/pub/").await).await;
+    assert_eq!(page["entries"][0]["path"], "/pub/a", "{page}");
+    let admin = host.server().admin_addr().unwrap();
+    let status: serde_json::Value = host
+        .http
+        .get(format!("http://{admin}/admin/policies"))
+        .bearer_auth(ADMIN_PASSWORD)
+        .send()
+        .await
+        .unwrap()
+        .json()
+        .await
+        .unwrap();
+    let policy = &status["slots"][0];
+    assert_eq!(
+        (&policy["slot"], &policy["wit_version"]),
+        (&"capability-policy".into(), &"0.1.0".into()),
+        "{status}"
     );
 }
 
