@@ -631,6 +631,14 @@ fn hot_swap_under_concurrent_load() {
 #[test]
 fn compiled_modules_come_from_the_cache_on_second_load() {
     let dir = policies_dir();
+    // Modules from files (the built-in ones come precompiled and skip this cache).
+    for (file, slot) in [
+        ("capability_policy", "capability-policy"),
+        ("safety_filter", "safety-filter"),
+        ("intent_classifier", "intent-classifier"),
+    ] {
+        std::fs::copy(guest(file), dir.path().join(format!("{slot}.wasm"))).unwrap();
+    }
     let cache = tempfile::tempdir().unwrap();
     let config = RuntimeConfig {
         cache_dir: Some(cache.path().to_owned()),
