@@ -50,8 +50,7 @@ pub use homeserver_protocol::wire::AccountInfo;
 /// The homeserver a client talks to when none is given.
 pub const DEFAULT_HOMESERVER: &str = "http://127.0.0.1:6286";
 
-/// Header naming whose public data a read is about.
-pub const PUBKY_HOST_HEADER: &str = "pubky-host";
+pub use homeserver_protocol::wire::PUBKY_HOST_HEADER;
 
 /// How often a write refused as a replay is signed again with a later timestamp. Each
 /// retry moves this client's clock one second ahead of identical writes it cannot see

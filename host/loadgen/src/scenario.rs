@@ -14,13 +14,11 @@ use std::sync::Arc;
 use std::time::{SystemTime, UNIX_EPOCH};
 
 use bytes::Bytes;
+use homeserver_protocol::wire::PUBKY_HOST_HEADER;
 use homeserver_protocol::{AuthHeader, BodyHash, CONTENT_DIGEST_HEADER, Keypair};
 use http_body_util::Full;
 use hyper::header::{AUTHORIZATION, CONTENT_TYPE, HOST, HeaderValue};
 use hyper::{Method, Request};
-
-/// Header naming the owner of the data in an anonymous public read.
-pub const PUBKY_HOST: &str = "pubky-host";
 
 /// 1 KiB and 1 MiB values.
 const KIB: usize = 1024;
@@ -403,7 +401,7 @@ impl RequestStream {
                 .method(Method::GET)
                 .uri(w.read_path.as_str())
                 .header(HOST, w.host.clone())
-                .header(PUBKY_HOST, w.owner_z32.clone())
+                .header(PUBKY_HOST_HEADER, w.owner_z32.clone())
                 .body(Full::new(Bytes::new())),
             Kind::SessionGet => {
                 let mut builder = Request::builder()
@@ -516,6 +514,6 @@ mod tests {
         let owner = w.keypair.public_key().to_z32();
         let req = RequestStream::new(w, 0).next_request().unwrap();
         assert!(req.headers().get(AUTHORIZATION).is_none());
-        assert_eq!(req.headers()[PUBKY_HOST], owner.as_str());
+        assert_eq!(req.headers()[PUBKY_HOST_HEADER], owner.as_str());
     }
 }

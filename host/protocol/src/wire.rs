@@ -1,6 +1,12 @@
-//! JSON bodies of the storage API, shared by server and client.
+//! The storage API's wire names and JSON bodies, shared by server, client and load
+//! generator.
 
 use serde::{Deserialize, Serialize};
+
+/// Header naming the user whose public data a read is about (`Pubky-Host: <z32>`).
+pub const PUBKY_HOST_HEADER: &str = "pubky-host";
+/// The query parameter doing the same, for clients that cannot set headers.
+pub const PUBKY_HOST_QUERY: &str = "pubky-host";
 
 /// Answer to `PUT /:path`.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]

@@ -9,9 +9,7 @@ use homeserver_protocol::{AuthHeader, BodyHash, CONTENT_DIGEST_HEADER, ErrorCode
 use super::error::ApiError;
 use crate::service::auth::{Credentials, SignedTarget};
 
-/// Header and query parameter naming the user whose public data a read touches.
-pub const PUBKY_HOST_HEADER: &str = "pubky-host";
-pub const PUBKY_HOST_QUERY: &str = "pubky-host";
+use homeserver_protocol::wire::{PUBKY_HOST_HEADER, PUBKY_HOST_QUERY};
 
 /// The parts of a request the storage routes use.
 #[derive(Debug)]

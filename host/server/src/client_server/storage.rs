@@ -8,9 +8,8 @@ use axum::extract::{Request, State};
 use axum::http::request::Parts;
 use axum::http::{HeaderMap, HeaderValue, Method, StatusCode, Uri, header};
 use axum::response::{IntoResponse, Response};
-use base64::Engine;
-use base64::engine::general_purpose::STANDARD;
 use futures_util::TryStreamExt;
+use homeserver_protocol::event::encode_content_hash;
 use homeserver_protocol::wire::ListResult;
 use homeserver_protocol::{ErrorCode, StoragePath};
 
@@ -116,8 +115,10 @@ async fn read(app: AppState, parts: Parts, path: StoragePath) -> Result<Response
     Ok(response)
 }
 
+/// The entry's `ETag`: its content hash as every wire format spells it (listings'
+/// `content_hash`, events).
 fn etag(record: &EntryRecord) -> String {
-    format!("\"{}\"", STANDARD.encode(record.content_hash))
+    format!("\"{}\"", encode_content_hash(&record.content_hash))
 }
 
 fn entry_headers(headers: &mut HeaderMap, record: &EntryRecord) {
