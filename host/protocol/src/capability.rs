@@ -119,6 +119,44 @@ mod tests {
         s.parse().unwrap()
     }
 
+    /// This native copy of the guest's rule must not drift from it: the golden cases
+    /// of the capability-policy guest (testdata/guests) with a session caller and the
+    /// default config, decided by `covers` (a string that does not parse grants
+    /// nothing, as in the guest).
+    #[test]
+    fn agrees_with_the_guest_golden_cases() {
+        let cases = std::fs::read_to_string(concat!(
+            env!("CARGO_MANIFEST_DIR"),
+            "/../../testdata/guests/capability-policy/cases.jsonl"
+        ))
+        .unwrap();
+        let mut checked = 0;
+        for line in cases.lines().filter(|l| l.starts_with('{')) {
+            let case: serde_json::Value = serde_json::from_str(line).unwrap();
+            let input = &case["input"];
+            let Some(capabilities) = input["caller"]["session"]["capabilities"].as_array() else {
+                continue;
+            };
+            if case.get("config").is_some() {
+                continue;
+            }
+            let op = match input["operation"].as_str() {
+                Some("read") => Action::Read,
+                Some("write") => Action::Write,
+                other => panic!("{other:?}"),
+            };
+            let path = input["path"].as_str().unwrap();
+            let allowed = capabilities.iter().any(|c| {
+                c.as_str()
+                    .and_then(|c| c.parse::<Capability>().ok())
+                    .is_some_and(|c| c.covers(op, path))
+            });
+            assert_eq!(allowed, case["expect"]["allow"], "{}", case["name"]);
+            checked += 1;
+        }
+        assert!(checked >= 8, "{checked} cases");
+    }
+
     #[test]
     fn parse_and_display() {
         for s in ["read:/pub/", "write:/pub/app/", "*:/pub/a.txt"] {
