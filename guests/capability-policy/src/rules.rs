@@ -185,9 +185,21 @@ mod tests {
         assert!(!rules.decide(Operation::Read, "/pub/secret/x", owner).allow);
         assert!(!rules.decide(Operation::Read, "/pub/exact", owner).allow);
         assert!(rules.decide(Operation::Read, "/pub/exactly", owner).allow);
-        assert!(!rules.decide(Operation::Read, "/pub/secret/x", Caller::Public).allow);
-        assert!(rules.decide(Operation::Read, "/pub/archive/x", Caller::Public).allow);
-        assert!(!rules.decide(Operation::Write, "/pub/x", Caller::Public).allow);
+        assert!(
+            !rules
+                .decide(Operation::Read, "/pub/secret/x", Caller::Public)
+                .allow
+        );
+        assert!(
+            rules
+                .decide(Operation::Read, "/pub/archive/x", Caller::Public)
+                .allow
+        );
+        assert!(
+            !rules
+                .decide(Operation::Write, "/pub/x", Caller::Public)
+                .allow
+        );
         let all = caps(&["*:/pub/"]);
         assert!(
             !rules

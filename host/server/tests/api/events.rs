@@ -354,8 +354,9 @@ async fn live_delivery_while_subscribed_then_resume() {
     let a = alice.public_key().to_z32();
     let response = stream(&host, &format!("user={a}&live=true")).await;
     let n = 60;
+    // The response's headers came back: the subscription exists, writes from now on
+    // are live.
     let reader = tokio::spawn(read_sse(response, Some(n), Duration::from_secs(30)));
-    tokio::time::sleep(Duration::from_millis(100)).await;
     let writer = {
         let host = host.clone();
         let alice = alice.clone();
@@ -455,8 +456,8 @@ async fn shutdown_ends_live_streams() {
     let host = TestHost::start().await;
     let alice = host.user().await;
     let response = stream(&host, &format!("user={}&live=true", alice.public_key())).await;
+    // The response's headers came back: the stream is open when the server stops.
     let reader = tokio::spawn(read_sse(response, None, Duration::from_secs(30)));
-    tokio::time::sleep(Duration::from_millis(100)).await;
     tokio::time::timeout(Duration::from_secs(10), host.stop())
         .await
         .expect("graceful shutdown does not wait for live streams forever");
