@@ -203,7 +203,8 @@ async fn a_new_guest_builds_checks_and_serves_after_an_edit() {
 /// prefix are refused with the reason (403), as before.
 #[tokio::test]
 async fn the_policy_hides_denied_paths_from_the_public() {
-    let host = TestHost::start().await;
+    // One instance: the reload below reaches the instance it is sent to.
+    let host = TestHost::start_single_with(|_| {}).await;
     let alice = host.user().await;
     for path in ["/pub/hidden/a", "/pub/hidden/b", "/pub/open/c"] {
         assert_eq!(host.put(&alice, path, b"data").await.status(), 200);
