@@ -282,6 +282,20 @@ impl TestHost {
             .unwrap()
     }
 
+    /// A call to the admin API with the admin password; its JSON answer.
+    pub async fn admin_json(&self, method: Method, path: &str) -> serde_json::Value {
+        let admin = self.server().admin_addr().unwrap();
+        self.http
+            .request(method, format!("http://{admin}{path}"))
+            .bearer_auth(ADMIN_PASSWORD)
+            .send()
+            .await
+            .unwrap()
+            .json()
+            .await
+            .unwrap()
+    }
+
     pub async fn public_get(&self, owner: &Keypair, path: &str) -> Response {
         self.request(Method::GET, path)
             .header("Pubky-Host", owner.public_key().to_z32())

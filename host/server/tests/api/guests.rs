@@ -177,17 +177,9 @@ async fn a_new_guest_builds_checks_and_serves_after_an_edit() {
     build(policy_dir);
     let policies = host.dir.path().join("policies");
     std::fs::copy(policy_module, policies.join("archive_policy.wasm")).unwrap();
-    let admin = host.server().admin_addr().unwrap();
-    let report: serde_json::Value = host
-        .http
-        .post(format!("http://{admin}/admin/policies/reload"))
-        .bearer_auth(ADMIN_PASSWORD)
-        .send()
-        .await
-        .unwrap()
-        .json()
-        .await
-        .unwrap();
+    let report = host
+        .admin_json(Method::POST, "/admin/policies/reload")
+        .await;
     assert_eq!(report["ok"], true, "{report}");
     eprintln!(
         "edit → build → reload: {:.1} s",
@@ -219,17 +211,9 @@ async fn the_policy_hides_denied_paths_from_the_public() {
         "[capability-policy.config]\ndeny-prefixes = [\"/pub/hidden/\"]\n",
     )
     .unwrap();
-    let admin = host.server().admin_addr().unwrap();
-    let report: serde_json::Value = host
-        .http
-        .post(format!("http://{admin}/admin/policies/reload"))
-        .bearer_auth(ADMIN_PASSWORD)
-        .send()
-        .await
-        .unwrap()
-        .json()
-        .await
-        .unwrap();
+    let report = host
+        .admin_json(Method::POST, "/admin/policies/reload")
+        .await;
     assert_eq!(report["ok"], true, "{report}");
 
     let hidden = host.public_get(&alice, "/pub/hidden/a").await;
@@ -375,17 +359,7 @@ async fn a_policy_built_for_wit_0_1_serves_and_public_reads_stay_open() {
     assert_eq!(host.public_get(&alice, "/pub/a").await.status(), 200);
     let page: serde_json::Value = expect_ok_json(host.public_get(&alice, "/pub/").await).await;
     assert_eq!(page["entries"][0]["path"], "/pub/a", "{page}");
-    let admin = host.server().admin_addr().unwrap();
-    let status: serde_json::Value = host
-        .http
-        .get(format!("http://{admin}/admin/policies"))
-        .bearer_auth(ADMIN_PASSWORD)
-        .send()
-        .await
-        .unwrap()
-        .json()
-        .await
-        .unwrap();
+    let status = host.admin_json(Method::GET, "/admin/policies").await;
     let policy = &status["slots"][0];
     assert_eq!(
         (&policy["slot"], &policy["wit_version"]),
