@@ -11,6 +11,15 @@ use serde::{Deserialize, Deserializer, Serialize, Serializer};
 /// Length of the z-base-32 text form of a public key.
 pub const PUBLIC_KEY_TEXT_LEN: usize = 52;
 
+/// The z-base-32 alphabet of key texts.
+pub const Z32_ALPHABET: &[u8; 32] = b"ybndrfg8ejkmcpqxot1uwisza345h769";
+
+/// Whether `text` can start a key's text: at most 52 characters of the z-base-32
+/// alphabet (the empty text starts every key).
+pub fn is_z32_prefix(text: &str) -> bool {
+    text.len() <= PUBLIC_KEY_TEXT_LEN && text.bytes().all(|b| Z32_ALPHABET.contains(&b))
+}
+
 #[derive(Debug, thiserror::Error, PartialEq, Eq)]
 pub enum PublicKeyError {
     #[error("public key must be {PUBLIC_KEY_TEXT_LEN} z-base-32 characters, got {0}")]
@@ -178,6 +187,19 @@ pub struct SecretKeyError;
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn every_key_text_starts_with_a_z32_prefix_of_itself() {
+        let text = Keypair::from_seed(&[9; 32]).public_key().to_z32();
+        for end in 0..=text.len() {
+            assert!(is_z32_prefix(&text[..end]));
+        }
+        assert!(!is_z32_prefix(&format!("{text}y")));
+        // `l`, `v` and `2` are not in the alphabet; upper case is not either.
+        for bad in ["l", "v", "2", "Y", "yb-"] {
+            assert!(!is_z32_prefix(bad), "{bad}");
+        }
+    }
 
     #[test]
     fn z32_round_trip() {

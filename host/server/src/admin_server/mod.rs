@@ -1,11 +1,17 @@
-//! The admin server: its own listener (keep it private), `Authorization: Bearer
-//! <admin.password>` compared in constant time, no rate limit. Operator actions live in
-//! `service::admin`; this file is only their HTTP shape.
+//! The admin server: its own listener (keep it private), no rate limit. API calls
+//! authenticate with `Authorization: Bearer <admin.password>` (compared in constant
+//! time) or, from the admin web page, with the session cookie of a sign-in
+//! ([`login`]). Operator actions live in `service::admin`; these files are only their
+//! HTTP shape.
+
+mod lists;
+mod login;
+mod page;
 
 use std::sync::Arc;
 
 use axum::extract::{Path, Request, State};
-use axum::http::header;
+use axum::http::{Method, header};
 use axum::middleware::Next;
 use axum::response::{IntoResponse, Response};
 use axum::routing::{get, post, put};
@@ -18,12 +24,16 @@ use subtle::ConstantTimeEq;
 use crate::app::AppContext;
 use crate::client_server::error::ApiError;
 use crate::service::admin::BackendHealth;
+pub use login::{COOKIE, CSRF_HEADER};
+pub use page::OPENAPI;
 
 type AdminState = Arc<AppContext>;
 
 pub fn router(app: AdminState) -> Router {
-    Router::new()
+    let logins = Arc::new(login::AdminLogins::default());
+    let api = Router::new()
         .route("/admin/stats", get(stats))
+        .route("/admin/users", get(lists::users))
         .route(
             "/admin/users/{public_key}",
             get(user).delete(delete_account),
@@ -31,10 +41,26 @@ pub fn router(app: AdminState) -> Router {
         .route("/admin/users/{public_key}/disable", post(disable))
         .route("/admin/users/{public_key}/enable", post(enable))
         .route("/admin/users/{public_key}/quota", put(set_quota))
-        .route("/admin/signup_tokens", post(create_signup_token))
+        .route(
+            "/admin/signup_tokens",
+            get(lists::signup_tokens).post(create_signup_token),
+        )
+        .route("/admin/events", get(lists::events))
         .route("/admin/policies", get(policies))
         .route("/admin/policies/reload", post(reload_policies))
         .route("/admin/pkarr", get(pkarr))
+        .route("/admin/openapi.json", get(page::openapi))
+        .route("/", get(page::index))
+        .route("/admin.css", get(page::stylesheet))
+        .route("/admin.js", get(page::script))
+        .with_state(app.clone());
+    let sessions = Router::new()
+        .route(
+            "/admin/session",
+            post(login::sign_in).delete(login::sign_out),
+        )
+        .with_state((app.clone(), logins.clone()));
+    api.merge(sessions)
         .fallback(|| async { ApiError::new(ErrorCode::NotFound, "no such admin endpoint") })
         .method_not_allowed_fallback(|| async {
             ApiError::new(
@@ -43,35 +69,80 @@ pub fn router(app: AdminState) -> Router {
             )
         })
         .layer(axum::middleware::from_fn_with_state(
-            app.clone(),
-            require_password,
+            (app, logins),
+            require_admin,
         ))
-        .with_state(app)
+}
+
+/// What anyone who reaches the admin listener may fetch: the page (it signs in by
+/// itself), the API's description, and signing in and out.
+fn is_open(method: &Method, path: &str) -> bool {
+    match path {
+        "/" | "/admin.css" | "/admin.js" | "/admin/openapi.json" => {
+            method == Method::GET || method == Method::HEAD
+        }
+        "/admin/session" => true,
+        _ => false,
+    }
+}
+
+async fn require_admin(
+    State((app, logins)): State<(AdminState, Arc<login::AdminLogins>)>,
+    request: Request,
+    next: Next,
+) -> Response {
+    if is_open(request.method(), request.uri().path()) {
+        return next.run(request).await;
+    }
+    let ip = login::peer_ip(&request);
+    let headers = request.headers();
+    let bearer = headers
+        .get(header::AUTHORIZATION)
+        .and_then(|v| v.to_str().ok())
+        .and_then(|v| v.strip_prefix("Bearer "));
+    let authorized = match bearer {
+        Some(given) => {
+            if let Some(refused) = logins.refusal(ip) {
+                return refused;
+            }
+            let right = password_matches(&app, given);
+            if !right {
+                logins.wrong_password(ip);
+            }
+            right
+        }
+        None if logins.is_signed_in(headers) => {
+            if headers.get(CSRF_HEADER).is_none_or(|v| v != "1") {
+                return ApiError::new(
+                    ErrorCode::InsufficientPermissions,
+                    format!("a request signed in by cookie must carry `{CSRF_HEADER}: 1`"),
+                )
+                .into_response();
+            }
+            true
+        }
+        None => false,
+    };
+    if authorized {
+        return next.run(request).await;
+    }
+    // The code is the contract's 401 code; the message says what is wrong.
+    let message = match bearer {
+        None | Some("") => {
+            "the admin API needs the admin password (Authorization: Bearer <admin.password>) \
+             or a sign-in (POST /admin/session)"
+        }
+        Some(_) => "wrong admin password (Authorization: Bearer <admin.password>)",
+    };
+    ApiError::new(ErrorCode::InvalidSignature, message).into_response()
 }
 
 /// Constant-time comparison of SHA-256 digests: the time taken says nothing about the
 /// password, not even its length.
-async fn require_password(State(app): State<AdminState>, request: Request, next: Next) -> Response {
-    let given = request
-        .headers()
-        .get(header::AUTHORIZATION)
-        .and_then(|v| v.to_str().ok())
-        .and_then(|v| v.strip_prefix("Bearer "))
-        .unwrap_or("");
-    let given_text = given;
+fn password_matches(app: &AppContext, given: &str) -> bool {
     let expected = Sha256::digest(app.config.admin.password.as_bytes());
     let given = Sha256::digest(given.as_bytes());
-    if bool::from(expected.ct_eq(&given)) {
-        next.run(request).await
-    } else {
-        // The code is the contract's 401 code; the message says what is wrong.
-        let message = if given_text.is_empty() {
-            "the admin API needs the admin password: Authorization: Bearer <admin.password>"
-        } else {
-            "wrong admin password (Authorization: Bearer <admin.password>)"
-        };
-        ApiError::new(ErrorCode::InvalidSignature, message).into_response()
-    }
+    bool::from(expected.ct_eq(&given))
 }
 
 fn parse_key(text: &str) -> Result<PublicKey, ApiError> {

@@ -41,6 +41,7 @@ pub fn router(app: AppState) -> Router {
         .route("/events-stream", get(events::stream))
         .route("/signup_tokens/{token}", get(signup::token_status))
         .route("/signup_tokens/", get(signup::missing_token))
+        .route("/openapi.json", get(openapi))
         .method_not_allowed_fallback(method_not_allowed)
         .fallback(storage::handle)
         .layer(axum::middleware::from_fn_with_state(
@@ -49,6 +50,19 @@ pub fn router(app: AppState) -> Router {
         ))
         .layer(axum::middleware::from_fn(unread_body::close_if_body_unread))
         .with_state(app)
+}
+
+/// The client API's OpenAPI 3.1 document (checked against the routes by
+/// `tests/api/openapi.rs`).
+pub const OPENAPI: &str = include_str!("../../openapi/client.json");
+
+/// `GET /openapi.json`: the document, to generate clients from.
+async fn openapi() -> Response {
+    (
+        [(axum::http::header::CONTENT_TYPE, "application/json")],
+        OPENAPI,
+    )
+        .into_response()
 }
 
 async fn method_not_allowed() -> Response {

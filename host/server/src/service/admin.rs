@@ -8,11 +8,11 @@ use homeserver_protocol::wire::{SignupTokenStatus, normalize_signup_token};
 use serde::{Deserialize, Serialize};
 
 use super::entry_cache::EntryCache;
-use super::events::EventHub;
+use super::events::{EventHub, to_wire};
 use super::sessions::SessionService;
 use super::{ServiceError, now_secs};
 use crate::config::SignupMode;
-use crate::persistence::metadata::StoreStats;
+use crate::persistence::metadata::{ReverseEventQuery, StoreStats, UserRecord};
 use crate::persistence::{BlobStore, MetadataStore, MetadataWrites};
 
 /// What the admin API shows of a user.
@@ -33,6 +33,45 @@ pub struct DeletedAccount {
     pub public_key: String,
     pub entries_deleted: u64,
 }
+
+/// A page of the user list, in key order.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct UserPage {
+    pub users: Vec<UserInfo>,
+    /// The last key of this page (the next page's `cursor`); null on an empty page.
+    pub cursor: Option<String>,
+    pub has_more: bool,
+}
+
+/// A signup token as the admin API lists it.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct SignupTokenInfo {
+    pub token: String,
+    /// `valid` or `used`.
+    pub status: String,
+    pub created_at: String,
+    pub used_by: Option<String>,
+    pub used_at: Option<String>,
+}
+
+/// A page of signup tokens, in token order.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct SignupTokenPage {
+    pub tokens: Vec<SignupTokenInfo>,
+    pub cursor: Option<String>,
+    pub has_more: bool,
+}
+
+/// An event as the admin API shows it: the feed's event and when it was committed.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct RecentEvent {
+    #[serde(flatten)]
+    pub event: homeserver_protocol::event::Event,
+    pub created_at: String,
+}
+
+/// Largest page of the admin lists.
+pub const MAX_ADMIN_PAGE: u32 = 1000;
 
 /// One backing store's state, for `GET /admin/stats`.
 #[derive(Debug, Clone, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
@@ -118,14 +157,102 @@ impl AdminService {
             .user(&key.to_z32())
             .await?
             .ok_or_else(|| unknown_user(key))?;
-        Ok(UserInfo {
+        Ok(self.user_info(user))
+    }
+
+    fn user_info(&self, user: UserRecord) -> UserInfo {
+        UserInfo {
             storage_quota: user.quota_bytes.unwrap_or(self.default_quota),
             public_key: user.public_key,
             storage_used: user.used_bytes,
             created_at: user.created_at,
             last_activity: user.last_activity,
             disabled: user.disabled,
+        }
+    }
+
+    /// Users whose key starts with `prefix` (z-base-32; empty = every user), in key
+    /// order, after the key `after` (a previous page's cursor), at most `limit`.
+    pub async fn users(
+        &self,
+        prefix: &str,
+        after: Option<&str>,
+        limit: u32,
+    ) -> Result<UserPage, ServiceError> {
+        // Every key starting with the prefix sorts after it (keys are longer), except a
+        // whole key, which is looked up alone.
+        if prefix.len() == homeserver_protocol::keys::PUBLIC_KEY_TEXT_LEN {
+            let user = match after {
+                None => self.metadata.user(prefix).await?,
+                Some(_) => None,
+            };
+            let users: Vec<UserInfo> = user.into_iter().map(|u| self.user_info(u)).collect();
+            return Ok(UserPage {
+                cursor: users.last().map(|u| u.public_key.clone()),
+                users,
+                has_more: false,
+            });
+        }
+        let start = after.filter(|a| *a > prefix).unwrap_or(prefix);
+        let mut rows = self.metadata.users_after(start, limit + 1).await?;
+        rows.retain(|u| u.public_key.starts_with(prefix));
+        let has_more = rows.len() > limit as usize;
+        rows.truncate(limit as usize);
+        let users: Vec<UserInfo> = rows.into_iter().map(|u| self.user_info(u)).collect();
+        Ok(UserPage {
+            cursor: users.last().map(|u| u.public_key.clone()),
+            users,
+            has_more,
         })
+    }
+
+    /// Signup tokens in token order after `after`, at most `limit`, used or not.
+    pub async fn signup_tokens(
+        &self,
+        after: Option<&str>,
+        limit: u32,
+    ) -> Result<SignupTokenPage, ServiceError> {
+        let mut rows = self
+            .metadata
+            .signup_tokens_after(after.unwrap_or(""), limit + 1)
+            .await?;
+        let has_more = rows.len() > limit as usize;
+        rows.truncate(limit as usize);
+        let tokens: Vec<SignupTokenInfo> = rows
+            .into_iter()
+            .map(|t| SignupTokenInfo {
+                status: if t.used_by.is_some() { "used" } else { "valid" }.into(),
+                token: t.token,
+                created_at: iso8601(t.created_at),
+                used_by: t.used_by,
+                used_at: t.used_at.map(iso8601),
+            })
+            .collect();
+        Ok(SignupTokenPage {
+            cursor: tokens.last().map(|t| t.token.clone()),
+            tokens,
+            has_more,
+        })
+    }
+
+    /// The newest `limit` events, newest first, whatever user they belong to.
+    pub async fn recent_events(&self, limit: u32) -> Result<Vec<RecentEvent>, ServiceError> {
+        let records = self
+            .metadata
+            .events_reverse(ReverseEventQuery {
+                users: &[],
+                before: i64::MAX as u64,
+                path_prefix: None,
+                limit,
+            })
+            .await?;
+        Ok(records
+            .iter()
+            .map(|e| RecentEvent {
+                event: to_wire(e),
+                created_at: iso8601(e.created_at),
+            })
+            .collect())
     }
 
     pub async fn set_disabled(

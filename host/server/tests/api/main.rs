@@ -10,6 +10,7 @@ mod tcp_proxy;
 
 mod abuse;
 mod account;
+mod admin_page;
 mod auth;
 mod concurrency;
 mod crash;
@@ -20,6 +21,7 @@ mod guests;
 mod limits;
 mod listing;
 mod maintenance;
+mod openapi;
 mod ops;
 mod pkarr;
 mod scale_out;
