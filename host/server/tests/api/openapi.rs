@@ -1,0 +1,168 @@
+//! The OpenAPI documents (`host/server/openapi/*.json`) against the routes that exist:
+//! every path a router declares is documented, every documented path answers (not the
+//! router's "no such endpoint"), and on each documented path exactly the documented
+//! methods are allowed (the others answer 405). Schemathesis (`scripts/fuzz-api`) then
+//! checks the answers against the documents.
+
+use std::collections::{BTreeMap, BTreeSet};
+
+use homeserver_protocol::Keypair;
+use reqwest::Method;
+use serde_json::Value;
+
+use crate::fixture::*;
+
+/// The paths a router source declares with `.route("...")`: axum and OpenAPI spell
+/// path parameters alike (`{name}`), so they compare as they are written.
+fn declared_routes(source: &str) -> BTreeSet<String> {
+    source
+        .split(".route(")
+        .skip(1)
+        .filter_map(|rest| {
+            let rest = rest.trim_start().strip_prefix('"')?;
+            Some(rest[..rest.find('"')?].to_owned())
+        })
+        .collect()
+}
+
+/// Each documented path with its methods (upper case).
+fn documented(document: &Value) -> BTreeMap<String, BTreeSet<String>> {
+    assert_eq!(document["openapi"].as_str().map(|v| &v[..4]), Some("3.1."));
+    document["paths"]
+        .as_object()
+        .expect("paths")
+        .iter()
+        .map(|(path, item)| {
+            let methods = item
+                .as_object()
+                .unwrap()
+                .keys()
+                .filter(|k| ["get", "head", "post", "put", "delete", "patch"].contains(&k.as_str()))
+                .map(|k| k.to_uppercase())
+                .collect();
+            (path.clone(), methods)
+        })
+        .collect()
+}
+
+/// A concrete request target for a documented path.
+fn sample(path: &str, key: &str) -> String {
+    let mut out = String::new();
+    let mut rest = path;
+    while let Some(start) = rest.find('{') {
+        out.push_str(&rest[..start]);
+        let end = rest[start..].find('}').unwrap() + start;
+        out.push_str(match &rest[start + 1..end] {
+            "public_key" => key,
+            "token" => "AAAA-BBBB-CCCC",
+            _ => "sample",
+        });
+        rest = &rest[end + 1..];
+    }
+    out.push_str(rest);
+    out
+}
+
+/// Probes every documented path with every method; `not_a_route` is the message of the
+/// router's fallback 404.
+async fn check_methods(
+    host: &TestHost,
+    base: &str,
+    document: &Value,
+    bearer: Option<&str>,
+    not_a_route: &str,
+) {
+    let key = Keypair::random().public_key().to_z32();
+    for (path, methods) in documented(document) {
+        let target = format!("{base}{}", sample(&path, &key));
+        for method in ["GET", "POST", "PUT", "DELETE", "PATCH"] {
+            let mut request = host
+                .http
+                .request(Method::from_bytes(method.as_bytes()).unwrap(), &target);
+            if let Some(password) = bearer {
+                request = request.bearer_auth(password);
+            }
+            let response = request.send().await.unwrap();
+            let status = response.status().as_u16();
+            let body = response.text().await.unwrap_or_default();
+            if methods.contains(method) {
+                assert_ne!(status, 405, "{method} {path} is documented but not allowed");
+                assert!(
+                    !(status == 404 && body.contains(not_a_route)),
+                    "{method} {path} is documented but no route answers it: {body}"
+                );
+            } else {
+                assert_eq!(
+                    status, 405,
+                    "{method} {path} answers {status} but is not documented: {body}"
+                );
+            }
+        }
+    }
+}
+
+#[tokio::test]
+async fn the_client_document_describes_every_route() {
+    let host = TestHost::start().await;
+    let served: Value = host
+        .request(Method::GET, "/openapi.json")
+        .send()
+        .await
+        .unwrap()
+        .json()
+        .await
+        .unwrap();
+    let file: Value = serde_json::from_str(homeserver::client_server::OPENAPI).unwrap();
+    assert_eq!(served, file);
+
+    let paths = documented(&served);
+    for route in declared_routes(include_str!("../../src/client_server/mod.rs")) {
+        assert!(
+            paths.contains_key(&route),
+            "route {route} is not documented"
+        );
+    }
+    // Storage paths are served by the router's fallback: /pub and /private ones.
+    for path in paths.keys() {
+        assert!(
+            path.starts_with("/pub/")
+                || path.starts_with("/private/")
+                || declared_routes(include_str!("../../src/client_server/mod.rs")).contains(path),
+            "{path} is documented but no route declares it"
+        );
+    }
+    check_methods(&host, &host.url, &served, None, "no such endpoint").await;
+}
+
+#[tokio::test]
+async fn the_admin_document_describes_every_route() {
+    let host = TestHost::start().await;
+    let admin = format!("http://{}", host.server().admin_addr().unwrap());
+    let served: Value = host
+        .http
+        .get(format!("{admin}/admin/openapi.json"))
+        .send()
+        .await
+        .unwrap()
+        .json()
+        .await
+        .unwrap();
+    let file: Value = serde_json::from_str(homeserver::admin_server::OPENAPI).unwrap();
+    assert_eq!(served, file);
+
+    let routes = declared_routes(include_str!("../../src/admin_server/mod.rs"));
+    let paths = documented(&served);
+    assert_eq!(
+        paths.keys().cloned().collect::<BTreeSet<_>>(),
+        routes,
+        "documented paths (left) and declared routes (right) differ"
+    );
+    check_methods(
+        &host,
+        &admin,
+        &served,
+        Some(ADMIN_PASSWORD),
+        "no such admin endpoint",
+    )
+    .await;
+}
