@@ -23,6 +23,7 @@ use sha2::{Digest, Sha256};
 use super::password_matches;
 use crate::app::AppContext;
 use crate::client_server::error::ApiError;
+use crate::client_server::small_body::read_small_body;
 
 /// Name of the session cookie.
 pub const COOKIE: &str = "hs_admin";
@@ -169,7 +170,7 @@ pub async fn sign_in(
     State((app, logins)): State<(Arc<AppContext>, Arc<AdminLogins>)>,
     ConnectInfo(peer): ConnectInfo<SocketAddr>,
     headers: HeaderMap,
-    body: axum::body::Bytes,
+    body: axum::body::Body,
 ) -> Result<Response, Response> {
     if headers.get(CSRF_HEADER).is_none_or(|v| v != "1") {
         return Err(ApiError::new(
@@ -178,6 +179,9 @@ pub async fn sign_in(
         )
         .into_response());
     }
+    let body = read_small_body(body, app.storage.limits().body_idle_timeout, "sign-in")
+        .await
+        .map_err(IntoResponse::into_response)?;
     let request: SignIn = serde_json::from_slice(&body).map_err(|e| {
         ApiError::new(
             ErrorCode::BadRequest,

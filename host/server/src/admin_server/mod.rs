@@ -10,7 +10,7 @@ mod page;
 
 use std::sync::Arc;
 
-use axum::extract::{Path, Request, State};
+use axum::extract::{FromRequestParts, Request, State};
 use axum::http::{Method, header};
 use axum::middleware::Next;
 use axum::response::{IntoResponse, Response};
@@ -23,6 +23,8 @@ use subtle::ConstantTimeEq;
 
 use crate::app::AppContext;
 use crate::client_server::error::ApiError;
+use crate::client_server::extract::PathParam;
+use crate::client_server::small_body::read_small_body;
 use crate::service::admin::BackendHealth;
 pub use login::{COOKIE, CSRF_HEADER};
 pub use page::OPENAPI;
@@ -145,9 +147,21 @@ fn password_matches(app: &AppContext, given: &str) -> bool {
     bool::from(expected.ct_eq(&given))
 }
 
-fn parse_key(text: &str) -> Result<PublicKey, ApiError> {
-    text.parse()
-        .map_err(|e| ApiError::new(ErrorCode::BadRequest, format!("invalid public key: {e}")))
+/// The `{public_key}` of a user route, parsed: a malformed key is a JSON 400.
+struct UserKey(PublicKey);
+
+impl<S: Send + Sync> FromRequestParts<S> for UserKey {
+    type Rejection = ApiError;
+
+    async fn from_request_parts(
+        parts: &mut axum::http::request::Parts,
+        state: &S,
+    ) -> Result<Self, Self::Rejection> {
+        let PathParam(text) = PathParam::from_request_parts(parts, state).await?;
+        text.parse()
+            .map(UserKey)
+            .map_err(|e| ApiError::new(ErrorCode::BadRequest, format!("invalid public key: {e}")))
+    }
 }
 
 /// Answer to `GET /admin/stats`. It answers even when a backing store is down (that is
@@ -174,27 +188,24 @@ async fn stats(State(app): State<AdminState>) -> Json<Stats> {
     })
 }
 
-async fn user(
-    State(app): State<AdminState>,
-    Path(key): Path<String>,
-) -> Result<Response, ApiError> {
-    let info = app.admin.user(&parse_key(&key)?).await?;
+async fn user(State(app): State<AdminState>, UserKey(key): UserKey) -> Result<Response, ApiError> {
+    let info = app.admin.user(&key).await?;
     Ok(Json(info).into_response())
 }
 
 async fn disable(
     State(app): State<AdminState>,
-    Path(key): Path<String>,
+    UserKey(key): UserKey,
 ) -> Result<Response, ApiError> {
-    let info = app.admin.set_disabled(&parse_key(&key)?, true).await?;
+    let info = app.admin.set_disabled(&key, true).await?;
     Ok(Json(info).into_response())
 }
 
 async fn enable(
     State(app): State<AdminState>,
-    Path(key): Path<String>,
+    UserKey(key): UserKey,
 ) -> Result<Response, ApiError> {
-    let info = app.admin.set_disabled(&parse_key(&key)?, false).await?;
+    let info = app.admin.set_disabled(&key, false).await?;
     Ok(Json(info).into_response())
 }
 
@@ -214,10 +225,10 @@ fn required_nullable<'de, D: serde::Deserializer<'de>>(d: D) -> Result<Option<u6
 
 async fn set_quota(
     State(app): State<AdminState>,
-    Path(key): Path<String>,
-    body: axum::body::Bytes,
+    UserKey(key): UserKey,
+    body: axum::body::Body,
 ) -> Result<Response, ApiError> {
-    let key = parse_key(&key)?;
+    let body = read_small_body(body, app.storage.limits().body_idle_timeout, "quota").await?;
     let request: QuotaRequest = serde_json::from_slice(&body).map_err(|e| {
         ApiError::new(
             ErrorCode::BadRequest,
@@ -230,9 +241,9 @@ async fn set_quota(
 
 async fn delete_account(
     State(app): State<AdminState>,
-    Path(key): Path<String>,
+    UserKey(key): UserKey,
 ) -> Result<Response, ApiError> {
-    let deleted = app.admin.delete_account(&parse_key(&key)?).await?;
+    let deleted = app.admin.delete_account(&key).await?;
     app.forget_user(&deleted.public_key);
     Ok(Json(deleted).into_response())
 }

@@ -108,3 +108,24 @@ pub fn request_info(parts: &Parts) -> Result<RequestInfo, ApiError> {
         declared_body: declared_body(&parts.headers)?,
     })
 }
+
+/// One path parameter (`{token}`, `{public_key}`) as text. Axum's own `Path` answers a
+/// parameter that is not UTF-8 (`%FF`) with a plain-text 400; this one answers the
+/// JSON error every other refusal uses.
+pub struct PathParam(pub String);
+
+impl<S: Send + Sync> axum::extract::FromRequestParts<S> for PathParam {
+    type Rejection = ApiError;
+
+    async fn from_request_parts(parts: &mut Parts, state: &S) -> Result<Self, Self::Rejection> {
+        axum::extract::Path::<String>::from_request_parts(parts, state)
+            .await
+            .map(|axum::extract::Path(text)| PathParam(text))
+            .map_err(|e| {
+                ApiError::new(
+                    ErrorCode::BadRequest,
+                    format!("invalid URL: {}", e.body_text()),
+                )
+            })
+    }
+}

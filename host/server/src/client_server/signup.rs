@@ -54,7 +54,7 @@ async fn sign_up(app: AppState, request: Request) -> Result<Response, ApiError> 
 /// `GET /signup_tokens/{token}`: whether a token is valid or used.
 pub async fn token_status(
     State(app): State<AppState>,
-    axum::extract::Path(token): axum::extract::Path<String>,
+    super::extract::PathParam(token): super::extract::PathParam,
 ) -> Response {
     match app.admin.signup_token_status(&token).await {
         Ok(status) => Json(status).into_response(),

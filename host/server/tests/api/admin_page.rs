@@ -285,3 +285,68 @@ async fn password_guessing_is_braked() {
     assert!(r.headers().contains_key("retry-after"));
     expect_error(r, 429, ErrorCode::RateLimitExceeded).await;
 }
+
+/// Found by schemathesis (`scripts/fuzz-api`): a path parameter that is not UTF-8 and an
+/// oversized admin body were answered by the framework in plain text, not the JSON
+/// error every other refusal uses.
+#[tokio::test]
+async fn malformed_parameters_and_oversized_bodies_get_json_errors() {
+    let host = TestHost::start_with(|c| c.signup.mode = SignupMode::Token).await;
+    let r = host
+        .request(Method::GET, "/signup_tokens/%FF")
+        .send()
+        .await
+        .unwrap();
+    expect_error(r, 400, ErrorCode::BadRequest).await;
+
+    let admin = host.server().admin_addr().unwrap();
+    let url = |path: &str| format!("http://{admin}{path}");
+    for (method, path) in [
+        (Method::GET, "/admin/users/%FF"),
+        (Method::POST, "/admin/users/%FF/enable"),
+        (Method::POST, "/admin/users/%FF/disable"),
+        (Method::DELETE, "/admin/users/%FF"),
+        (Method::PUT, "/admin/users/%FF/quota"),
+    ] {
+        let r = host
+            .http
+            .request(method, url(path))
+            .bearer_auth(ADMIN_PASSWORD)
+            .send()
+            .await
+            .unwrap();
+        expect_error(r, 400, ErrorCode::BadRequest).await;
+    }
+
+    let alice = host.admin_json(Method::POST, "/admin/signup_tokens").await;
+    let key = Keypair::random();
+    let token = alice["token"].as_str().unwrap();
+    host.signed(
+        &key,
+        Method::POST,
+        &format!("/signup?signup_token={token}"),
+        b"",
+    )
+    .send()
+    .await
+    .unwrap();
+    let big = vec![b' '; 3 << 20];
+    let r = host
+        .http
+        .put(url(&format!("/admin/users/{}/quota", key.public_key())))
+        .bearer_auth(ADMIN_PASSWORD)
+        .body(big.clone())
+        .send()
+        .await
+        .unwrap();
+    expect_error(r, 413, ErrorCode::PayloadTooLarge).await;
+    let r = host
+        .http
+        .post(url("/admin/session"))
+        .header("x-homeserver-admin", "1")
+        .body(big)
+        .send()
+        .await
+        .unwrap();
+    expect_error(r, 413, ErrorCode::PayloadTooLarge).await;
+}
