@@ -101,6 +101,8 @@ pub struct AdminConfig {
     pub listen: SocketAddr,
     /// Bearer password; empty turns the admin server off.
     pub password: String,
+    /// Host names accepted in `Host` besides IP literals and `localhost`.
+    pub allowed_hosts: Vec<String>,
 }
 
 #[derive(Debug, Clone, Serialize, Deserialize)]

@@ -23,6 +23,7 @@ pub mod pkarr_publish;
 pub mod policy_cli;
 pub mod policy_template;
 pub mod rate_limit;
+pub mod request_id;
 pub mod serve;
 pub mod server_key;
 pub mod service;

@@ -6,6 +6,7 @@
 use std::collections::HashMap;
 use std::net::{IpAddr, Ipv4Addr, SocketAddr};
 use std::num::NonZeroU32;
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
@@ -14,8 +15,10 @@ use axum::http::{HeaderMap, HeaderValue, StatusCode, header};
 use axum::response::{IntoResponse, Response};
 use base64::Engine;
 use cookie::{Cookie, SameSite};
-use governor::clock::{Clock, DefaultClock};
-use governor::{DefaultKeyedRateLimiter, Quota};
+use governor::clock::DefaultClock;
+use governor::middleware::StateInformationMiddleware;
+use governor::state::keyed::DefaultKeyedStateStore;
+use governor::{Quota, RateLimiter};
 use homeserver_protocol::ErrorCode;
 use serde::Deserialize;
 use sha2::{Digest, Sha256};
@@ -27,6 +30,9 @@ use crate::client_server::small_body::read_small_body;
 
 /// Name of the session cookie.
 pub const COOKIE: &str = "hs_admin";
+/// The cookie goes only with admin API requests (browsers keep cookies per host, not
+/// per port: other servers of this host see it only under this path).
+const COOKIE_PATH: &str = "/admin/";
 /// Header a cookie-authenticated request must carry. A page of another origin cannot
 /// add it without a CORS preflight the admin server never grants, so a cookie alone
 /// (sent by the browser with any cross-site form) never acts.
@@ -43,7 +49,14 @@ const WRONG_PASSWORDS_PER_MINUTE: u32 = 10;
 /// and the password-guessing brake.
 pub struct AdminLogins {
     sessions: Mutex<HashMap<[u8; 32], Instant>>,
-    wrong_passwords: DefaultKeyedRateLimiter<IpAddr>,
+    wrong_passwords: RateLimiter<
+        IpAddr,
+        DefaultKeyedStateStore<IpAddr>,
+        DefaultClock,
+        StateInformationMiddleware,
+    >,
+    /// Wrong passwords so far (to prune the limiter now and then).
+    guesses: AtomicU64,
     /// Addresses that used up their wrong guesses, until when.
     refused_until: Mutex<HashMap<IpAddr, Instant>>,
 }
@@ -53,8 +66,22 @@ impl Default for AdminLogins {
         let per_minute = NonZeroU32::new(WRONG_PASSWORDS_PER_MINUTE).unwrap_or(NonZeroU32::MIN);
         Self {
             sessions: Mutex::default(),
-            wrong_passwords: DefaultKeyedRateLimiter::keyed(Quota::per_minute(per_minute)),
+            wrong_passwords: RateLimiter::keyed(Quota::per_minute(per_minute))
+                .with_middleware::<StateInformationMiddleware>(),
+            guesses: AtomicU64::new(0),
             refused_until: Mutex::default(),
+        }
+    }
+}
+
+/// Whose guesses count together: an IPv4 address, or an IPv6 /64 (what one customer of
+/// a provider usually holds, so changing the low bits does not buy more guesses).
+fn brake_key(ip: IpAddr) -> IpAddr {
+    match ip {
+        IpAddr::V4(_) => ip,
+        IpAddr::V6(v6) => {
+            let bits = u128::from(v6) & !((1u128 << 64) - 1);
+            IpAddr::V6(bits.into())
         }
     }
 }
@@ -71,6 +98,7 @@ impl AdminLogins {
     /// The refusal of an address that guessed wrong too often, given before its
     /// password is looked at.
     pub fn refusal(&self, ip: IpAddr) -> Option<Response> {
+        let ip = brake_key(ip);
         let now = Instant::now();
         let mut refused = self.refused_until.lock().unwrap_or_else(|e| e.into_inner());
         refused.retain(|_, until| *until > now);
@@ -91,16 +119,25 @@ impl AdminLogins {
         }
     }
 
-    /// Counts a wrong password from `ip`.
+    /// Counts a wrong password from `ip`; the guess that empties its bucket makes it
+    /// refused until the bucket has room again (one guess every 60/N s).
     pub fn wrong_password(&self, ip: IpAddr) {
-        if let Err(not_until) = self.wrong_passwords.check_key(&ip) {
-            let wait = not_until.wait_time_from(DefaultClock::default().now());
+        let ip = brake_key(ip);
+        let empty = match self.wrong_passwords.check_key(&ip) {
+            Ok(snapshot) => snapshot.remaining_burst_capacity() == 0,
+            Err(_) => true,
+        };
+        if empty {
+            let wait = Duration::from_secs(60) / WRONG_PASSWORDS_PER_MINUTE;
             self.refused_until
                 .lock()
                 .unwrap_or_else(|e| e.into_inner())
                 .insert(ip, Instant::now() + wait);
         }
-        self.wrong_passwords.retain_recent();
+        // Forgetting addresses whose buckets are full again scans them all: now and then.
+        if self.guesses.fetch_add(1, Ordering::Relaxed) % 64 == 63 {
+            self.wrong_passwords.retain_recent();
+        }
     }
 
     fn start(&self) -> Result<String, ApiError> {
@@ -203,7 +240,7 @@ pub async fn sign_in(
     let cookie = Cookie::build((COOKIE, token))
         .http_only(true)
         .same_site(SameSite::Strict)
-        .path("/")
+        .path(COOKIE_PATH)
         .max_age(cookie::time::Duration::seconds(SESSION_TTL.as_secs() as i64))
         .build();
     Ok(with_cookie(cookie))
@@ -218,7 +255,7 @@ pub async fn sign_out(
     let mut cookie = Cookie::build((COOKIE, ""))
         .http_only(true)
         .same_site(SameSite::Strict)
-        .path("/")
+        .path(COOKIE_PATH)
         .build();
     cookie.make_removal();
     with_cookie(cookie)
@@ -266,12 +303,18 @@ mod tests {
             assert!(logins.refusal(guesser).is_none());
             logins.wrong_password(guesser);
         }
-        assert!(logins.refusal(guesser).is_none());
-        logins.wrong_password(guesser);
+        // Ten were heard; the next is refused before its password is looked at.
         let refused = logins.refusal(guesser).unwrap();
         assert_eq!(refused.status(), 429);
         assert!(refused.headers().contains_key(header::RETRY_AFTER));
         assert!(logins.refusal(other).is_none());
+        // Another address of the same IPv6 /64 shares a bucket; another /64 does not.
+        let v6: IpAddr = "2001:db8::1".parse().unwrap();
+        for _ in 0..WRONG_PASSWORDS_PER_MINUTE {
+            logins.wrong_password(v6);
+        }
+        assert!(logins.refusal("2001:db8::ffff".parse().unwrap()).is_some());
+        assert!(logins.refusal("2001:db8:0:1::1".parse().unwrap()).is_none());
     }
 
     #[test]

@@ -62,7 +62,8 @@ pub fn router(app: AdminState) -> Router {
             post(login::sign_in).delete(login::sign_out),
         )
         .with_state((app.clone(), logins.clone()));
-    api.merge(sessions)
+    let router = api
+        .merge(sessions)
         .fallback(|| async { ApiError::new(ErrorCode::NotFound, "no such admin endpoint") })
         .method_not_allowed_fallback(|| async {
             ApiError::new(
@@ -73,7 +74,8 @@ pub fn router(app: AdminState) -> Router {
         .layer(axum::middleware::from_fn_with_state(
             (app, logins),
             require_admin,
-        ))
+        ));
+    crate::request_id::with_request_ids(router)
 }
 
 /// What anyone who reaches the admin listener may fetch: the page (it signs in by
@@ -93,6 +95,16 @@ async fn require_admin(
     request: Request,
     next: Next,
 ) -> Response {
+    if let Some(host) = foreign_host(&request, &app.config.admin.allowed_hosts) {
+        return ApiError::new(
+            ErrorCode::InsufficientPermissions,
+            format!(
+                "the admin server answers to IP addresses, localhost and admin.allowed_hosts, \
+                 not `{host}`"
+            ),
+        )
+        .into_response();
+    }
     if is_open(request.method(), request.uri().path()) {
         return next.run(request).await;
     }
@@ -137,6 +149,23 @@ async fn require_admin(
         Some(_) => "wrong admin password (Authorization: Bearer <admin.password>)",
     };
     ApiError::new(ErrorCode::InvalidSignature, message).into_response()
+}
+
+/// The request's `Host` when it names this server by a name it was not told to answer
+/// to. A browser sends the name of the page's origin: a site that made its own name
+/// point at this machine (DNS rebinding) would be same-origin with the admin page, and
+/// could add any header; it cannot make the browser send an IP address instead.
+fn foreign_host(request: &Request, allowed: &[String]) -> Option<String> {
+    let host = request
+        .headers()
+        .get(header::HOST)
+        .and_then(|v| v.to_str().ok())
+        .and_then(|v| v.parse::<axum::http::uri::Authority>().ok())?;
+    let name = host.host().trim_start_matches('[').trim_end_matches(']');
+    let ok = name.parse::<std::net::IpAddr>().is_ok()
+        || name.eq_ignore_ascii_case("localhost")
+        || allowed.iter().any(|a| a.eq_ignore_ascii_case(name));
+    (!ok).then(|| host.host().to_owned())
 }
 
 /// Constant-time comparison of SHA-256 digests: the time taken says nothing about the

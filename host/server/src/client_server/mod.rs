@@ -26,7 +26,7 @@ use error::ApiError;
 pub type AppState = Arc<AppContext>;
 
 pub fn router(app: AppState) -> Router {
-    Router::new()
+    let router = Router::new()
         .route("/signup", post(signup::handle))
         .route("/account", get(account::show))
         .route("/info", get(pkarr::info))
@@ -49,7 +49,8 @@ pub fn router(app: AppState) -> Router {
             middleware::observe_and_limit,
         ))
         .layer(axum::middleware::from_fn(unread_body::close_if_body_unread))
-        .with_state(app)
+        .with_state(app);
+    crate::request_id::with_request_ids(router)
 }
 
 /// The client API's OpenAPI 3.1 document (checked against the routes by

@@ -183,8 +183,8 @@ impl AdminService {
         // whole key, which is looked up alone.
         if prefix.len() == homeserver_protocol::keys::PUBLIC_KEY_TEXT_LEN {
             let user = match after {
-                None => self.metadata.user(prefix).await?,
-                Some(_) => None,
+                Some(after) if after >= prefix => None,
+                _ => self.metadata.user(prefix).await?,
             };
             let users: Vec<UserInfo> = user.into_iter().map(|u| self.user_info(u)).collect();
             return Ok(UserPage {

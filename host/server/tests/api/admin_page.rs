@@ -53,6 +53,34 @@ async fn users_are_listed_by_key_prefix_in_pages() {
         .admin_json(Method::GET, &format!("/admin/users?prefix={}", keys[0]))
         .await;
     assert_eq!(listed(&exact), keys[..1]);
+    // A cursor before a whole key still finds it; at or after it, nothing is left.
+    let before = host
+        .admin_json(
+            Method::GET,
+            &format!("/admin/users?prefix={}&cursor=1", keys[1]),
+        )
+        .await;
+    assert_eq!(listed(&before), keys[1..2]);
+    let after = host
+        .admin_json(
+            Method::GET,
+            &format!("/admin/users?prefix={}&cursor={}", keys[1], keys[1]),
+        )
+        .await;
+    assert_eq!(after["users"], serde_json::json!([]));
+    // A prefix with a cursor inside its range pages on from the cursor.
+    let shared = &keys[2][..1];
+    let from_cursor = host
+        .admin_json(
+            Method::GET,
+            &format!("/admin/users?prefix={shared}&cursor={}", keys[2]),
+        )
+        .await;
+    assert!(
+        listed(&from_cursor)
+            .iter()
+            .all(|k| k > &keys[2] && k.starts_with(shared))
+    );
     let none = host
         .admin_json(Method::GET, "/admin/users?prefix=yyyyyyyyyy")
         .await;
@@ -273,7 +301,7 @@ async fn password_guessing_is_braked() {
         statuses.push(r.status().as_u16());
     }
     assert_eq!(statuses[..10], [401; 10]);
-    assert_eq!(statuses[11], 429, "{statuses:?}");
+    assert_eq!(statuses[10..], [429; 2], "{statuses:?}");
     // Refused unheard: even the right password waits until the brake lets go.
     let r = host
         .http
@@ -349,4 +377,38 @@ async fn malformed_parameters_and_oversized_bodies_get_json_errors() {
         .await
         .unwrap();
     expect_error(r, 413, ErrorCode::PayloadTooLarge).await;
+}
+
+/// DNS rebinding: a page whose own name was made to point at this machine sends that
+/// name as `Host`; the admin server refuses it (and answers IP addresses, localhost and
+/// `admin.allowed_hosts`).
+#[tokio::test]
+async fn the_admin_server_answers_only_to_its_own_names() {
+    let host = TestHost::start_with(|c| c.admin.allowed_hosts = vec!["admin.example".into()]).await;
+    let admin = host.server().admin_addr().unwrap();
+    let stats = |name: &str| {
+        host.http
+            .get(format!("http://{admin}/admin/stats"))
+            .header("host", name.to_owned())
+            .bearer_auth(ADMIN_PASSWORD)
+            .send()
+    };
+    for good in [
+        format!("{admin}"),
+        "localhost:6288".into(),
+        "[::1]:6288".into(),
+        "admin.example".into(),
+    ] {
+        assert_eq!(stats(&good).await.unwrap().status(), 200, "{good}");
+    }
+    let r = stats("evil.example:6288").await.unwrap();
+    expect_error(r, 403, ErrorCode::InsufficientPermissions).await;
+    let page = host
+        .http
+        .get(format!("http://{admin}/"))
+        .header("host", "evil.example")
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(page.status(), 403);
 }

@@ -303,3 +303,31 @@ async fn a_revoked_session_says_so() {
     .await;
     assert!(e.message.contains("revoked session"), "{e:?}");
 }
+
+/// Every answer carries `X-Request-Id` (the client's own when it sent one, else a new
+/// UUID), the id every log line of the request is tagged with.
+#[tokio::test]
+async fn every_answer_carries_a_request_id() {
+    let host = TestHost::start().await;
+    let first = host.request(Method::GET, "/pub/x").send().await.unwrap();
+    let second = host.request(Method::GET, "/pub/x").send().await.unwrap();
+    let id = |r: &reqwest::Response| r.headers()["x-request-id"].to_str().unwrap().to_owned();
+    assert_eq!(first.status(), 401);
+    assert_eq!(id(&first).len(), 36, "{}", id(&first));
+    assert_ne!(id(&first), id(&second));
+    let given = host
+        .request(Method::GET, "/events/?limit=1")
+        .header("x-request-id", "trace-me-42")
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(id(&given), "trace-me-42");
+    let admin = host.server().admin_addr().unwrap();
+    let r = host
+        .http
+        .get(format!("http://{admin}/admin/stats"))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(id(&r).len(), 36);
+}
