@@ -68,7 +68,10 @@ pub enum StartError {
     },
 }
 
-/// Everything a request handler may need, built once.
+/// Everything a request handler may need, built once. Routes reach data only through
+/// the services (`storage`, `signup`, `events`, `admin`, `access`, `identity`); the
+/// stores themselves are here for the orchestrator's upkeep, maintenance commands and
+/// tests that inject faults.
 pub struct AppContext {
     pub config: Config,
     pub metadata: Arc<dyn MetadataStore>,
@@ -161,7 +164,6 @@ impl AppContext {
                 blobs.clone(),
                 events.clone(),
                 config.storage.quota_bytes,
-                config.signup.mode,
                 entry_cache,
                 sessions.clone(),
             ),

@@ -56,7 +56,7 @@ pub async fn token_status(
     State(app): State<AppState>,
     super::extract::PathParam(token): super::extract::PathParam,
 ) -> Response {
-    match app.admin.signup_token_status(&token).await {
+    match app.signup.token_status(&token).await {
         Ok(status) => Json(status).into_response(),
         Err(e) => ApiError::from(e).into_response(),
     }

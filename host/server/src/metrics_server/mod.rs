@@ -21,7 +21,7 @@ pub fn router(app: Arc<AppContext>) -> Router {
 }
 
 async fn metrics(State(app): State<Arc<AppContext>>) -> Response {
-    match app.metadata.stats().await {
+    match app.admin.stats().await {
         Ok(stats) => {
             app.metrics
                 .storage_bytes
@@ -32,11 +32,7 @@ async fn metrics(State(app): State<Arc<AppContext>>) -> Response {
         }
         Err(e) => tracing::warn!(error = %e, "metrics: could not read storage stats"),
     }
-    match app
-        .metadata
-        .active_sessions(crate::service::now_secs())
-        .await
-    {
+    match app.admin.active_sessions().await {
         Ok(n) => app
             .metrics
             .active_sessions

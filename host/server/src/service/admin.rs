@@ -4,14 +4,12 @@
 use std::sync::Arc;
 
 use homeserver_protocol::PublicKey;
-use homeserver_protocol::wire::{SignupTokenStatus, normalize_signup_token};
 use serde::{Deserialize, Serialize};
 
 use super::entry_cache::EntryCache;
 use super::events::{EventHub, to_wire};
 use super::sessions::SessionService;
 use super::{ServiceError, now_secs};
-use crate::config::SignupMode;
 use crate::persistence::metadata::{ReverseEventQuery, StoreStats, UserRecord};
 use crate::persistence::{BlobStore, MetadataStore, MetadataWrites};
 
@@ -111,7 +109,6 @@ pub struct AdminService {
     blobs: BlobStore,
     events: Arc<EventHub>,
     default_quota: u64,
-    signup_mode: SignupMode,
     entry_cache: Arc<EntryCache>,
     sessions: SessionService,
 }
@@ -122,7 +119,6 @@ impl AdminService {
         blobs: BlobStore,
         events: Arc<EventHub>,
         default_quota: u64,
-        signup_mode: SignupMode,
         entry_cache: Arc<EntryCache>,
         sessions: SessionService,
     ) -> Self {
@@ -131,7 +127,6 @@ impl AdminService {
             blobs,
             events,
             default_quota,
-            signup_mode,
             entry_cache,
             sessions,
         }
@@ -139,6 +134,11 @@ impl AdminService {
 
     pub async fn stats(&self) -> Result<StoreStats, ServiceError> {
         Ok(self.metadata.stats().await?)
+    }
+
+    /// Sessions that have not expired (a gauge of the metrics server).
+    pub async fn active_sessions(&self) -> Result<u64, ServiceError> {
+        Ok(self.metadata.active_sessions(now_secs()).await?)
     }
 
     /// Whether each backing store answers now (both asked at once, each within the
@@ -324,32 +324,6 @@ impl AdminService {
         Err(ServiceError::Internal(
             "could not find an unused signup token".into(),
         ))
-    }
-
-    /// The public token check: 400 for a malformed token or in open mode, 404 unknown.
-    pub async fn signup_token_status(
-        &self,
-        token: &str,
-    ) -> Result<SignupTokenStatus, ServiceError> {
-        if self.signup_mode == SignupMode::Open {
-            return Err(ServiceError::BadRequest(
-                "this homeserver does not use signup tokens (signup is open)".into(),
-            ));
-        }
-        let Some(token) = normalize_signup_token(token) else {
-            return Err(ServiceError::BadRequest(
-                "malformed signup token: expected XXXX-XXXX-XXXX".into(),
-            ));
-        };
-        let record = self
-            .metadata
-            .signup_token(&token)
-            .await?
-            .ok_or_else(|| ServiceError::NotFound("unknown signup token".into()))?;
-        Ok(SignupTokenStatus {
-            status: if record.used { "used" } else { "valid" }.into(),
-            created_at: iso8601(record.created_at),
-        })
     }
 }
 

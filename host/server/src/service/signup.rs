@@ -4,10 +4,11 @@
 
 use std::sync::Arc;
 
-use homeserver_protocol::wire::{SignupResult, normalize_signup_token};
+use homeserver_protocol::wire::{SignupResult, SignupTokenStatus, normalize_signup_token};
 use homeserver_protocol::{AuthHeader, BodyHash};
 
 use super::auth::{self, SignedTarget};
+use super::admin::iso8601;
 use super::{ServiceError, now_secs};
 use crate::config::SignupMode;
 use crate::persistence::metadata::SignupOutcome;
@@ -29,6 +30,32 @@ pub struct Signup {
 impl SignupService {
     pub fn new(metadata: Arc<dyn MetadataStore>, mode: SignupMode) -> Self {
         Self { metadata, mode }
+    }
+
+    /// The public token check: 400 for a malformed token or in open mode, 404 unknown.
+    pub async fn token_status(
+        &self,
+        token: &str,
+    ) -> Result<SignupTokenStatus, ServiceError> {
+        if self.mode == SignupMode::Open {
+            return Err(ServiceError::BadRequest(
+                "this homeserver does not use signup tokens (signup is open)".into(),
+            ));
+        }
+        let Some(token) = normalize_signup_token(token) else {
+            return Err(ServiceError::BadRequest(
+                "malformed signup token: expected XXXX-XXXX-XXXX".into(),
+            ));
+        };
+        let record = self
+            .metadata
+            .signup_token(&token)
+            .await?
+            .ok_or_else(|| ServiceError::NotFound("unknown signup token".into()))?;
+        Ok(SignupTokenStatus {
+            status: if record.used { "used" } else { "valid" }.into(),
+            created_at: iso8601(record.created_at),
+        })
     }
 
     pub async fn sign_up(
