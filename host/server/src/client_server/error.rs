@@ -7,7 +7,23 @@ use axum::response::{IntoResponse, Response};
 use homeserver_protocol::{ErrorBody, ErrorCode};
 use serde_json::json;
 
+use crate::persistence::BlobError;
 use crate::service::ServiceError;
+
+/// 503: logged as a warning with its cause (the request span names the request).
+fn unavailable(cause: &dyn std::fmt::Display) -> ErrorBody {
+    tracing::warn!(%cause, "backing store unavailable");
+    ErrorBody::new(
+        ErrorCode::ServiceUnavailable,
+        "a backing store is unavailable; retry later",
+    )
+}
+
+/// 500: the cause is logged, never sent.
+fn internal(cause: &dyn std::fmt::Display) -> ErrorBody {
+    tracing::error!(%cause, "internal error");
+    ErrorBody::new(ErrorCode::ServerError, "internal server error")
+}
 
 /// A complete error answer.
 #[derive(Debug)]
@@ -45,18 +61,13 @@ impl From<ServiceError> for ApiError {
             } => ErrorBody::new(ErrorCode::StorageQuotaExceeded, e.to_string()).with_details(
                 json!({ "used_bytes": used, "quota_bytes": quota, "needed_bytes": needed }),
             ),
-            ServiceError::Unavailable(cause) => {
-                tracing::warn!(%cause, "backing store unavailable");
-                ErrorBody::new(
-                    ErrorCode::ServiceUnavailable,
-                    "a backing store is unavailable; retry later",
-                )
-            }
+            ServiceError::Unavailable(cause) => unavailable(&cause),
+            ServiceError::Store(e) if e.is_unavailable() => unavailable(&e),
+            ServiceError::Blob(e @ BlobError::Unavailable(_)) => unavailable(&e),
+            ServiceError::Store(e) => internal(&e),
+            ServiceError::Blob(e) => internal(&e),
             ServiceError::Busy(message) => ErrorBody::new(ErrorCode::ServiceUnavailable, message),
-            ServiceError::Internal(cause) => {
-                tracing::error!(%cause, "internal error");
-                ErrorBody::new(ErrorCode::ServerError, "internal server error")
-            }
+            ServiceError::Internal(cause) => internal(&cause),
         };
         Self(body)
     }

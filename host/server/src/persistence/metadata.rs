@@ -248,6 +248,33 @@ pub enum StoreError {
     /// Anything else (a 500 for the caller; the cause is logged, not sent).
     #[error("metadata store error: {0}")]
     Internal(String),
+    /// The database driver's error, kept whole as the source (what a 500's log shows,
+    /// and what a caller can inspect); `unavailable` classifies it as one of the two
+    /// above.
+    #[error("metadata store {}: {source}", if *.unavailable { "unavailable" } else { "error" })]
+    Database {
+        unavailable: bool,
+        source: sqlx::Error,
+    },
+}
+
+impl StoreError {
+    /// A driver error, classified.
+    pub fn database(source: sqlx::Error, unavailable: bool) -> Self {
+        StoreError::Database {
+            unavailable,
+            source,
+        }
+    }
+
+    /// Whether the caller may retry later (503) rather than having hit a bug (500).
+    pub fn is_unavailable(&self) -> bool {
+        match self {
+            StoreError::Unavailable(_) => true,
+            StoreError::Internal(_) => false,
+            StoreError::Database { unavailable, .. } => *unavailable,
+        }
+    }
 }
 
 /// What a [`Procedure`] answers, type-erased (each procedure's own outcome type).

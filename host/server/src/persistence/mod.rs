@@ -67,6 +67,10 @@ pub async fn open_metadata(
                 .map_err(|e| match e {
                     // Say which database could not be reached (the URL without secrets).
                     StoreError::Unavailable(m) => StoreError::Unavailable(format!("{url}: {m}")),
+                    StoreError::Database {
+                        unavailable: true,
+                        source,
+                    } => StoreError::Unavailable(format!("{url}: {source}")),
                     other => other,
                 })?,
         ),

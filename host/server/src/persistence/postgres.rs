@@ -123,32 +123,28 @@ impl Drop for PostgresStore {
 }
 
 fn map_err(e: sqlx::Error) -> StoreError {
-    match &e {
+    let unavailable = match &e {
         sqlx::Error::PoolTimedOut
         | sqlx::Error::PoolClosed
         | sqlx::Error::Io(_)
         | sqlx::Error::Tls(_)
         | sqlx::Error::Protocol(_)
-        | sqlx::Error::WorkerCrashed => StoreError::Unavailable(e.to_string()),
+        | sqlx::Error::WorkerCrashed => true,
         sqlx::Error::Database(db) => {
             let code = db.code().unwrap_or_default();
             // 08: connection exception; 57P0x: shutdown / cannot connect now; 53300:
             // too many connections; 57014: statement timeout; 40001/40P01:
             // serialization failure / deadlock (retryable).
-            if code.starts_with("08")
+            code.starts_with("08")
                 || code.starts_with("57P0")
                 || code == "53300"
                 || code == "57014"
                 || code == "40001"
                 || code == "40P01"
-            {
-                StoreError::Unavailable(e.to_string())
-            } else {
-                StoreError::Internal(e.to_string())
-            }
         }
-        _ => StoreError::Internal(e.to_string()),
-    }
+        _ => false,
+    };
+    StoreError::database(e, unavailable)
 }
 
 fn to_u64(v: i64) -> u64 {

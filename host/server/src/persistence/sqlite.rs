@@ -87,16 +87,13 @@ pub fn database_file(url: &super::DatabaseUrl) -> Option<std::path::PathBuf> {
 }
 
 fn map_err(e: sqlx::Error) -> StoreError {
-    match &e {
-        sqlx::Error::PoolTimedOut | sqlx::Error::PoolClosed | sqlx::Error::Io(_) => {
-            StoreError::Unavailable(e.to_string())
-        }
-        sqlx::Error::Database(db) if db.code().is_some_and(|c| c == "5" || c == "6") => {
-            // SQLITE_BUSY / SQLITE_LOCKED after the busy timeout.
-            StoreError::Unavailable(e.to_string())
-        }
-        _ => StoreError::Internal(e.to_string()),
-    }
+    let unavailable = match &e {
+        sqlx::Error::PoolTimedOut | sqlx::Error::PoolClosed | sqlx::Error::Io(_) => true,
+        // SQLITE_BUSY / SQLITE_LOCKED after the busy timeout.
+        sqlx::Error::Database(db) => db.code().is_some_and(|c| c == "5" || c == "6"),
+        _ => false,
+    };
+    StoreError::database(e, unavailable)
 }
 
 fn to_u64(v: i64) -> u64 {

@@ -32,22 +32,35 @@ pub enum ServiceError {
     /// A bug or an unexpected backend failure; logged, never shown to the caller.
     #[error("{0}")]
     Internal(String),
+    /// A metadata store failure, kept whole: unavailable (503) or internal (500).
+    #[error(transparent)]
+    Store(#[from] StoreError),
+    /// A blob store failure, kept whole: unavailable (503) or internal (500).
+    #[error(transparent)]
+    Blob(#[from] BlobError),
 }
 
-impl From<StoreError> for ServiceError {
-    fn from(e: StoreError) -> Self {
-        match e {
-            StoreError::Unavailable(m) => ServiceError::Unavailable(m),
-            StoreError::Internal(m) => ServiceError::Internal(m),
-        }
-    }
-}
 
-impl From<BlobError> for ServiceError {
-    fn from(e: BlobError) -> Self {
-        match e {
-            BlobError::Unavailable(m) => ServiceError::Unavailable(m),
-            other => ServiceError::Internal(other.to_string()),
+#[cfg(test)]
+mod tests {
+    use std::error::Error;
+
+    use super::*;
+
+    #[test]
+    fn a_store_failure_keeps_its_cause() {
+        let store = StoreError::database(sqlx::Error::PoolTimedOut, true);
+        assert!(store.is_unavailable());
+        let service = ServiceError::from(store);
+        // The driver's error is reachable through the chain, typed.
+        let mut cause: Option<&(dyn Error + 'static)> = Some(&service);
+        let mut found = false;
+        while let Some(e) = cause {
+            found |= e.downcast_ref::<sqlx::Error>().is_some();
+            cause = e.source();
         }
+        assert!(found, "{service:?}");
+        assert!(service.to_string().contains("pool timed out"), "{service}");
+        assert!(!StoreError::database(sqlx::Error::RowNotFound, false).is_unavailable());
     }
 }
