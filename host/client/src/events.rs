@@ -199,8 +199,12 @@ impl PkClient {
     }
 }
 
-/// Turns the bytes of an SSE body into events; the stream ends after its first error.
-pub(crate) fn parse_sse<S, B>(
+/// Turns the bytes of an `/events-stream` body into events; the stream ends after its
+/// first error. Keep-alive comments are skipped; an `event: error` (the server failed
+/// mid-stream) is [`ClientError::StreamFailed`]; an event whose `id` is not its cursor
+/// is malformed. Anything that reads the stream (the CLI, the bot, the server's own
+/// tests) parses it here.
+pub fn parse_sse<S, B>(
     body: S,
 ) -> impl Stream<Item = Result<Event, ClientError>> + Send + Unpin + 'static
 where
@@ -236,7 +240,15 @@ fn to_event(
     if sse.event == ERROR_EVENT {
         return Err(ClientError::StreamFailed { message: sse.data });
     }
-    Event::from_sse(&sse.event, &sse.data).map_err(|source| ClientError::InvalidEvent { source })
+    let event = Event::from_sse(&sse.event, &sse.data)
+        .map_err(|source| ClientError::InvalidEvent { source })?;
+    if !sse.id.is_empty() && sse.id != event.cursor.to_string() {
+        return Err(ClientError::InvalidResponse(format!(
+            "event id {} is not its cursor {}",
+            sse.id, event.cursor
+        )));
+    }
+    Ok(event)
 }
 
 #[cfg(test)]
@@ -375,6 +387,16 @@ mod tests {
                 .map(|c| Ok::<_, reqwest::Error>(Bytes::from(c))),
         );
         parse_sse(body).collect().await
+    }
+
+    #[tokio::test]
+    async fn an_event_whose_id_is_not_its_cursor_is_malformed() {
+        let text = framed(&put(7)).replace("id: 7", "id: 8");
+        let got = parse_chunks(vec![text.into_bytes()]).await;
+        assert!(
+            matches!(&got[..], [Err(ClientError::InvalidResponse(m))] if m.contains("id 8")),
+            "{got:?}"
+        );
     }
 
     #[tokio::test]

@@ -40,7 +40,6 @@ pub enum ServiceError {
     Blob(#[from] BlobError),
 }
 
-
 #[cfg(test)]
 mod tests {
     use std::error::Error;

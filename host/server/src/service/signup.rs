@@ -7,8 +7,8 @@ use std::sync::Arc;
 use homeserver_protocol::wire::{SignupResult, SignupTokenStatus, normalize_signup_token};
 use homeserver_protocol::{AuthHeader, BodyHash};
 
-use super::auth::{self, SignedTarget};
 use super::admin::iso8601;
+use super::auth::{self, SignedTarget};
 use super::{ServiceError, now_secs};
 use crate::config::SignupMode;
 use crate::persistence::metadata::SignupOutcome;
@@ -33,10 +33,7 @@ impl SignupService {
     }
 
     /// The public token check: 400 for a malformed token or in open mode, 404 unknown.
-    pub async fn token_status(
-        &self,
-        token: &str,
-    ) -> Result<SignupTokenStatus, ServiceError> {
+    pub async fn token_status(&self, token: &str) -> Result<SignupTokenStatus, ServiceError> {
         if self.mode == SignupMode::Open {
             return Err(ServiceError::BadRequest(
                 "this homeserver does not use signup tokens (signup is open)".into(),

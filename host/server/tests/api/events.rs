@@ -12,7 +12,9 @@ use reqwest::Method;
 
 use crate::fixture::*;
 
-/// Reads SSE events from a response until `want` arrived or the stream ended.
+/// Reads SSE events from a response (with the client library's parser, which also
+/// checks that each event's `id` is its cursor) until `want` arrived or the stream
+/// ended.
 pub async fn read_sse(
     response: reqwest::Response,
     want: Option<usize>,
@@ -20,40 +22,20 @@ pub async fn read_sse(
 ) -> (Vec<(String, Event)>, bool) {
     assert_eq!(response.status(), 200);
     assert_eq!(response.headers()["content-type"], "text/event-stream");
-    let mut body = response.bytes_stream();
-    let mut buffer = String::new();
+    let mut body = pk_client::events::parse_sse(response.bytes_stream());
     let mut events = Vec::new();
     let deadline = tokio::time::Instant::now() + timeout;
     loop {
         if want.is_some_and(|w| events.len() >= w) {
             return (events, false);
         }
-        let chunk = match tokio::time::timeout_at(deadline, body.next()).await {
+        match tokio::time::timeout_at(deadline, body.next()).await {
             Err(_) => panic!("timed out with {} events", events.len()),
             Ok(None) => return (events, true),
-            Ok(Some(chunk)) => chunk.unwrap(),
-        };
-        buffer.push_str(std::str::from_utf8(&chunk).unwrap());
-        while let Some(end) = buffer.find("\n\n") {
-            let block: String = buffer.drain(..end + 2).collect();
-            let (mut name, mut id, mut data) = (None, None, Vec::new());
-            for line in block.lines() {
-                if let Some(v) = line.strip_prefix("event: ") {
-                    name = Some(v.to_owned());
-                } else if let Some(v) = line.strip_prefix("id: ") {
-                    id = Some(v.to_owned());
-                } else if let Some(v) = line.strip_prefix("data: ") {
-                    data.push(v);
-                }
+            Ok(Some(event)) => {
+                let event = event.unwrap();
+                events.push((event.kind.to_string(), event));
             }
-            let Some(name) = name else { continue }; // keep-alive comment
-            let event = Event::from_sse(&name, &data.join("\n")).unwrap();
-            assert_eq!(
-                id.as_deref(),
-                Some(event.cursor.to_string().as_str()),
-                "id is the cursor"
-            );
-            events.push((name, event));
         }
     }
 }
