@@ -282,12 +282,20 @@ impl TestHost {
             .unwrap()
     }
 
+    /// A request to the admin API, without credentials.
+    pub fn admin_request(&self, method: Method, path: &str) -> RequestBuilder {
+        let admin = self.server().admin_addr().expect("admin server on");
+        self.http.request(method, format!("http://{admin}{path}"))
+    }
+
+    /// A request to the admin API with the admin password.
+    pub fn admin(&self, method: Method, path: &str) -> RequestBuilder {
+        self.admin_request(method, path).bearer_auth(ADMIN_PASSWORD)
+    }
+
     /// A call to the admin API with the admin password; its JSON answer.
     pub async fn admin_json(&self, method: Method, path: &str) -> serde_json::Value {
-        let admin = self.server().admin_addr().unwrap();
-        self.http
-            .request(method, format!("http://{admin}{path}"))
-            .bearer_auth(ADMIN_PASSWORD)
+        self.admin(method, path)
             .send()
             .await
             .unwrap()

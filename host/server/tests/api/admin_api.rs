@@ -1,0 +1,301 @@
+//! The admin API: no, wrong and right credentials, the server without a password,
+//! quota overrides and disabled users, and deleting a whole account.
+
+use std::time::Duration;
+
+use homeserver_protocol::event::{EventKind, EventPage};
+use homeserver_protocol::{ErrorCode, Keypair};
+use reqwest::Method;
+use serde_json::Value;
+
+use crate::fixture::*;
+
+#[tokio::test]
+async fn admin_endpoints_need_the_password() {
+    let host = TestHost::start().await;
+    let alice = host.user().await;
+    let user_path = format!("/admin/users/{}", alice.public_key());
+    let endpoints = [
+        (Method::GET, "/admin/stats".to_owned()),
+        (Method::GET, user_path.clone()),
+        (Method::POST, format!("{user_path}/disable")),
+        (Method::POST, format!("{user_path}/enable")),
+        (Method::PUT, format!("{user_path}/quota")),
+        (Method::DELETE, user_path.clone()),
+        (Method::POST, "/admin/signup_tokens".to_owned()),
+    ];
+    for (method, path) in &endpoints {
+        expect_error(
+            host.admin_request(method.clone(), path)
+                .send()
+                .await
+                .unwrap(),
+            401,
+            ErrorCode::InvalidSignature,
+        )
+        .await;
+        expect_error(
+            host.admin_request(method.clone(), path)
+                .bearer_auth("wrong")
+                .send()
+                .await
+                .unwrap(),
+            401,
+            ErrorCode::InvalidSignature,
+        )
+        .await;
+    }
+    // Right password.
+    let stats: Value = expect_ok_json(
+        host.admin(Method::GET, "/admin/stats")
+            .send()
+            .await
+            .unwrap(),
+    )
+    .await;
+    assert_eq!(stats["users"], 1);
+    assert!(stats["uptime_seconds"].is_u64());
+    assert!(stats["requests_per_minute"].as_u64().unwrap() >= 1);
+
+    host.put(&alice, "/pub/x", &[0; 123]).await;
+    let info: Value =
+        expect_ok_json(host.admin(Method::GET, &user_path).send().await.unwrap()).await;
+    assert_eq!(info["public_key"], alice.public_key().to_z32());
+    assert_eq!(info["storage_used"], 123);
+    assert_eq!(info["storage_quota"], 100 * 1024 * 1024);
+    assert!(info["created_at"].is_i64() && info["last_activity"].is_i64());
+
+    let stats: Value = expect_ok_json(
+        host.admin(Method::GET, "/admin/stats")
+            .send()
+            .await
+            .unwrap(),
+    )
+    .await;
+    assert_eq!(stats["total_storage"], 123);
+
+    // Unknown user 404, bad key 400, unknown endpoint 404.
+    let stranger = format!("/admin/users/{}", Keypair::random().public_key());
+    expect_error(
+        host.admin(Method::GET, &stranger).send().await.unwrap(),
+        404,
+        ErrorCode::NotFound,
+    )
+    .await;
+    expect_error(
+        host.admin(Method::GET, "/admin/users/nope")
+            .send()
+            .await
+            .unwrap(),
+        400,
+        ErrorCode::BadRequest,
+    )
+    .await;
+    expect_error(
+        host.admin(Method::GET, "/admin/nothing")
+            .send()
+            .await
+            .unwrap(),
+        404,
+        ErrorCode::NotFound,
+    )
+    .await;
+}
+
+#[tokio::test]
+async fn admin_off_without_password() {
+    let host = TestHost::start_with(|c| c.admin.password = String::new()).await;
+    assert!(host.server().admin_addr().is_none());
+}
+
+#[tokio::test]
+async fn quota_override_and_disable() {
+    let host = TestHost::start().await;
+    let alice = host.user().await;
+    let user_path = format!("/admin/users/{}", alice.public_key());
+    let info: Value = expect_ok_json(
+        host.admin(Method::PUT, &format!("{user_path}/quota"))
+            .body(r#"{"quota_bytes": 10}"#)
+            .send()
+            .await
+            .unwrap(),
+    )
+    .await;
+    assert_eq!(info["storage_quota"], 10);
+    expect_error(
+        host.put(&alice, "/pub/a", &[0; 11]).await,
+        507,
+        ErrorCode::StorageQuotaExceeded,
+    )
+    .await;
+    expect_error(
+        host.admin(Method::PUT, &format!("{user_path}/quota"))
+            .body("nope")
+            .send()
+            .await
+            .unwrap(),
+        400,
+        ErrorCode::BadRequest,
+    )
+    .await;
+    let info: Value = expect_ok_json(
+        host.admin(Method::PUT, &format!("{user_path}/quota"))
+            .body(r#"{"quota_bytes": null}"#)
+            .send()
+            .await
+            .unwrap(),
+    )
+    .await;
+    assert_eq!(info["storage_quota"], 100 * 1024 * 1024);
+    // The refused request's signature was spent: sign the retry a second later.
+    let retry = host
+        .signed_at(&alice, Method::PUT, "/pub/a", &[0; 11], now() + 1)
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(retry.status(), 200);
+
+    // Disabled: writes 403, reads still work; enabled again: writes work.
+    let info: Value = expect_ok_json(
+        host.admin(Method::POST, &format!("{user_path}/disable"))
+            .send()
+            .await
+            .unwrap(),
+    )
+    .await;
+    assert_eq!(info["disabled"], true);
+    let e = expect_error(
+        host.put(&alice, "/pub/b", b"x").await,
+        403,
+        ErrorCode::InsufficientPermissions,
+    )
+    .await;
+    assert!(e.message.contains("disabled"));
+    expect_error(
+        host.delete(&alice, "/pub/a").await,
+        403,
+        ErrorCode::InsufficientPermissions,
+    )
+    .await;
+    assert_eq!(host.get(&alice, "/pub/a").await.status(), 200);
+    expect_ok_json::<Value>(
+        host.admin(Method::POST, &format!("{user_path}/enable"))
+            .send()
+            .await
+            .unwrap(),
+    )
+    .await;
+    // The refused write's signature is spent; a new one goes through.
+    let r = host
+        .signed_at(&alice, Method::PUT, "/pub/b", b"x", now() + 2)
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(r.status(), 200);
+}
+
+#[tokio::test]
+async fn account_deletion_removes_everything_and_shows_in_the_feed() {
+    let host = TestHost::start().await;
+    let alice = host.user().await;
+    let bob = host.user().await;
+    for i in 0..25 {
+        host.put(&alice, &format!("/pub/posts/{i:02}"), b"post")
+            .await;
+    }
+    host.put(&bob, "/pub/keep", b"bob's").await;
+    let before: EventPage = expect_ok_json(
+        host.request(Method::GET, "/events/?limit=1000")
+            .send()
+            .await
+            .unwrap(),
+    )
+    .await;
+
+    let deleted: Value = expect_ok_json(
+        host.admin(
+            Method::DELETE,
+            &format!("/admin/users/{}", alice.public_key()),
+        )
+        .send()
+        .await
+        .unwrap(),
+    )
+    .await;
+    assert_eq!(deleted["entries_deleted"], 25);
+
+    let after: EventPage = expect_ok_json(
+        host.request(
+            Method::GET,
+            &format!("/events/?cursor={}&limit=1000", before.cursor),
+        )
+        .send()
+        .await
+        .unwrap(),
+    )
+    .await;
+    assert_eq!(after.events.len(), 25);
+    assert!(after.events.iter().all(|e| e.kind == EventKind::Del));
+    assert!(after.events.iter().all(|e| {
+        e.url
+            .starts_with(&format!("pk://{}/pub/posts/", alice.public_key()))
+    }));
+
+    // Gone: entries, the user (writes need a new signup), and the blobs.
+    expect_error(
+        host.public_get(&alice, "/pub/posts/00").await,
+        404,
+        ErrorCode::NotFound,
+    )
+    .await;
+    expect_error(
+        host.put(&alice, "/pub/x", b"x").await,
+        403,
+        ErrorCode::InsufficientPermissions,
+    )
+    .await;
+    expect_error(
+        host.admin(Method::GET, &format!("/admin/users/{}", alice.public_key()))
+            .send()
+            .await
+            .unwrap(),
+        404,
+        ErrorCode::NotFound,
+    )
+    .await;
+    let dir = host
+        .dir
+        .path()
+        .join("blobs")
+        .join(alice.public_key().to_z32());
+    eventually(
+        "the deleted user's blobs are removed",
+        Duration::from_secs(10),
+        || {
+            let left = std::fs::read_dir(&dir).map(|d| d.count()).unwrap_or(0);
+            async move { left == 0 }
+        },
+    )
+    .await;
+    // Bob is untouched.
+    assert_eq!(
+        host.public_get(&bob, "/pub/keep")
+            .await
+            .bytes()
+            .await
+            .unwrap(),
+        "bob's"
+    );
+    expect_error(
+        host.admin(
+            Method::DELETE,
+            &format!("/admin/users/{}", alice.public_key()),
+        )
+        .send()
+        .await
+        .unwrap(),
+        404,
+        ErrorCode::NotFound,
+    )
+    .await;
+}
