@@ -44,21 +44,16 @@ async fn shows_usage_quota_and_limits() {
     assert_eq!(account(&host, &alice).await.used_bytes, 50);
 
     // The operator's per-user quota and the disabled flag show.
-    let admin = host.server().admin_addr().unwrap();
     let key = alice.public_key().to_z32();
     let r = host
-        .http
-        .put(format!("http://{admin}/admin/users/{key}/quota"))
-        .bearer_auth(ADMIN_PASSWORD)
+        .admin(Method::PUT, &format!("/admin/users/{key}/quota"))
         .json(&json!({"quota_bytes": 0}))
         .send()
         .await
         .unwrap();
     assert_eq!(r.status(), 200);
     let r = host
-        .http
-        .post(format!("http://{admin}/admin/users/{key}/disable"))
-        .bearer_auth(ADMIN_PASSWORD)
+        .admin(Method::POST, &format!("/admin/users/{key}/disable"))
         .send()
         .await
         .unwrap();

@@ -68,11 +68,8 @@ async fn safe_default_mode_starts_and_answers_503_until_fixed() {
     .await;
 
     // The admin API says why.
-    let admin = host.server().admin_addr().unwrap();
     let status: Value = expect_ok_json(
-        host.http
-            .get(format!("http://{admin}/admin/policies"))
-            .bearer_auth(ADMIN_PASSWORD)
+        host.admin(Method::GET, "/admin/policies")
             .send()
             .await
             .unwrap(),
@@ -94,9 +91,7 @@ async fn safe_default_mode_starts_and_answers_503_until_fixed() {
     // Fixed (back to the built-in guest) and reloaded: served again.
     std::fs::remove_file(host.dir.path().join("policies/policies.toml")).unwrap();
     let report: Value = expect_ok_json(
-        host.http
-            .post(format!("http://{admin}/admin/policies/reload"))
-            .bearer_auth(ADMIN_PASSWORD)
+        host.admin(Method::POST, "/admin/policies/reload")
             .send()
             .await
             .unwrap(),
@@ -209,9 +204,7 @@ async fn an_empty_quota_body_does_not_reset_a_quota() {
         expect_error(set(bad).await.unwrap(), 400, ErrorCode::BadRequest).await;
     }
     let user: Value = expect_ok_json(
-        host.http
-            .get(format!("http://{admin}/admin/users/{}", alice.public_key()))
-            .bearer_auth(ADMIN_PASSWORD)
+        host.admin(Method::GET, &format!("/admin/users/{}", alice.public_key()))
             .send()
             .await
             .unwrap(),
@@ -226,11 +219,8 @@ async fn an_empty_quota_body_does_not_reset_a_quota() {
 #[tokio::test]
 async fn lower_case_signup_tokens_are_accepted() {
     let host = TestHost::start_with(|c| c.signup.mode = SignupMode::Token).await;
-    let admin = host.server().admin_addr().unwrap();
     let body: Value = expect_ok_json(
-        host.http
-            .post(format!("http://{admin}/admin/signup_tokens"))
-            .bearer_auth(ADMIN_PASSWORD)
+        host.admin(Method::POST, "/admin/signup_tokens")
             .send()
             .await
             .unwrap(),

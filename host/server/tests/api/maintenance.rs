@@ -347,11 +347,8 @@ async fn migrate_copies_a_deployment_and_resumes_after_a_kill() {
             .await
             .unwrap()
     );
-    let admin = source.server().admin_addr().unwrap();
     source
-        .http
-        .post(format!("http://{admin}/admin/signup_tokens"))
-        .bearer_auth(ADMIN_PASSWORD)
+        .admin(Method::POST, "/admin/signup_tokens")
         .send()
         .await
         .unwrap();

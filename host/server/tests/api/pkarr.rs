@@ -10,6 +10,7 @@ use std::time::Duration;
 use mainline::Testnet;
 use pk_client::PkClient;
 use pk_client::pkarr::{Resolver, ResolverSettings};
+use reqwest::Method;
 use serde_json::Value;
 
 use crate::fixture::*;
@@ -42,10 +43,7 @@ fn with_dht(bootstrap: &[String]) -> impl FnOnce(&mut homeserver::Config) + '_ {
 }
 
 async fn admin_pkarr(host: &TestHost) -> Value {
-    let admin = host.server().admin_addr().unwrap();
-    host.http
-        .get(format!("http://{admin}/admin/pkarr"))
-        .bearer_auth(ADMIN_PASSWORD)
+    host.admin(Method::GET, "/admin/pkarr")
         .send()
         .await
         .unwrap()

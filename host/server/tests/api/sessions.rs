@@ -434,11 +434,11 @@ async fn account_deletion_revokes_sessions_and_metrics_count_them() {
         text.contains("hs_guest_calls_total{slot=\"capability-policy\"}"),
         "{text}"
     );
-    let admin = host.server().admin_addr().unwrap();
     let r = host
-        .http
-        .delete(format!("http://{admin}/admin/users/{}", alice.public_key()))
-        .bearer_auth(ADMIN_PASSWORD)
+        .admin(
+            Method::DELETE,
+            &format!("/admin/users/{}", alice.public_key()),
+        )
         .send()
         .await
         .unwrap();
@@ -462,7 +462,6 @@ async fn hot_swap_policy_in_a_running_server() {
     let host = std::sync::Arc::new(TestHost::start_single_with(|_| {}).await);
     let alice = host.user().await;
     host.put(&alice, "/pub/x", b"x").await;
-    let admin = host.server().admin_addr().unwrap();
     let policies = host.dir.path().join("policies");
     std::fs::create_dir_all(&policies).unwrap();
 
@@ -490,9 +489,7 @@ async fn hot_swap_policy_in_a_running_server() {
     )
     .unwrap();
     let report: Value = expect_ok_json(
-        host.http
-            .post(format!("http://{admin}/admin/policies/reload"))
-            .bearer_auth(ADMIN_PASSWORD)
+        host.admin(Method::POST, "/admin/policies/reload")
             .send()
             .await
             .unwrap(),
@@ -505,9 +502,7 @@ async fn hot_swap_policy_in_a_running_server() {
         "old policy still serves"
     );
     let status: Value = expect_ok_json(
-        host.http
-            .get(format!("http://{admin}/admin/policies"))
-            .bearer_auth(ADMIN_PASSWORD)
+        host.admin(Method::GET, "/admin/policies")
             .send()
             .await
             .unwrap(),
@@ -535,9 +530,7 @@ async fn hot_swap_policy_in_a_running_server() {
     )
     .unwrap();
     let report: Value = expect_ok_json(
-        host.http
-            .post(format!("http://{admin}/admin/policies/reload"))
-            .bearer_auth(ADMIN_PASSWORD)
+        host.admin(Method::POST, "/admin/policies/reload")
             .send()
             .await
             .unwrap(),
@@ -652,11 +645,11 @@ async fn a_cached_session_ends_with_its_account() {
             .unwrap();
         assert_eq!(r.status(), 200);
     }
-    let admin = host.server().admin_addr().unwrap();
     let r = host
-        .http
-        .delete(format!("http://{admin}/admin/users/{}", alice.public_key()))
-        .bearer_auth(ADMIN_PASSWORD)
+        .admin(
+            Method::DELETE,
+            &format!("/admin/users/{}", alice.public_key()),
+        )
         .send()
         .await
         .unwrap();
