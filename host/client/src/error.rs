@@ -197,6 +197,17 @@ impl ClientError {
     }
 }
 
+impl From<homeserver_protocol::query::QueryError> for ClientError {
+    fn from(e: homeserver_protocol::query::QueryError) -> Self {
+        use homeserver_protocol::query::QueryError;
+        match e {
+            QueryError::Path { path, source } => ClientError::InvalidPath { path, source },
+            // Building a query checks nothing else; reading one is the server's job.
+            QueryError::Invalid(message) => ClientError::InvalidResponse(message),
+        }
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -17,13 +17,12 @@ use std::future::ready;
 
 use eventsource_stream::{EventStreamError, Eventsource};
 use futures_util::{Stream, StreamExt};
-use homeserver_protocol::PublicKey;
 use homeserver_protocol::event::{Event, EventPage};
+use homeserver_protocol::query::FeedQuery;
 use reqwest::Method;
 use reqwest::header::{ACCEPT, CONTENT_TYPE};
-use url::form_urlencoded;
 
-use crate::client::{PkClient, json, storage_path};
+use crate::client::{PkClient, json};
 use crate::error::ClientError;
 use crate::target::RequestTarget;
 
@@ -39,12 +38,14 @@ pub const ERROR_EVENT: &str = "error";
 /// Media type of an SSE answer.
 const EVENT_STREAM: &str = "text/event-stream";
 
-/// What `GET /events-stream` should deliver.
+/// What `GET /events-stream` should deliver: the protocol's [`StreamQuery`] (users
+/// with optional cursors, `live`, `reverse`, `limit`, `path`; built with `new`, `user`,
+/// `user_after`, ...). Its path filter is checked before sending; the other rules are
+/// the server's, so its message is what is shown.
 ///
 /// ```
 /// # use pk_client::{Keypair, StreamRequest};
-/// let alice = Keypair::from_seed(&[1; 32]).public_key();
-/// let bob = Keypair::from_seed(&[2; 32]).public_key();
+/// let (alice, bob) = (Keypair::random().public_key(), Keypair::random().public_key());
 /// let request = StreamRequest::new()
 ///     .user(alice)
 ///     .user_after(bob, 42)
@@ -52,107 +53,13 @@ const EVENT_STREAM: &str = "text/event-stream";
 ///     .live(true);
 /// assert_eq!(request.users.len(), 2);
 /// ```
-#[derive(Debug, Clone, Default, PartialEq, Eq)]
-pub struct StreamRequest {
-    /// Whose events, each optionally after a cursor (exclusive). At least one, at most
-    /// 50 (the server's rule).
-    pub users: Vec<(PublicKey, Option<u64>)>,
-    /// After the history, keep the stream open and deliver new events as they happen.
-    pub live: bool,
-    /// Newest first (history only; the server refuses it together with `live`).
-    pub reverse: bool,
-    /// Close the stream after this many events (the server accepts 1..=65535).
-    pub limit: Option<u32>,
-    /// Only events whose path starts with this prefix, e.g. `/pub/app/`. A missing
-    /// leading `/` is added.
-    pub path: Option<String>,
-}
-
-impl StreamRequest {
-    pub fn new() -> Self {
-        Self::default()
-    }
-
-    /// Adds `user`, from the beginning of their history.
-    pub fn user(mut self, user: PublicKey) -> Self {
-        self.users.push((user, None));
-        self
-    }
-
-    /// Adds `user`, with events after `cursor` only.
-    pub fn user_after(mut self, user: PublicKey, cursor: u64) -> Self {
-        self.users.push((user, Some(cursor)));
-        self
-    }
-
-    pub fn live(mut self, live: bool) -> Self {
-        self.live = live;
-        self
-    }
-
-    pub fn reverse(mut self, reverse: bool) -> Self {
-        self.reverse = reverse;
-        self
-    }
-
-    pub fn limit(mut self, limit: u32) -> Self {
-        self.limit = Some(limit);
-        self
-    }
-
-    pub fn path(mut self, prefix: impl Into<String>) -> Self {
-        self.path = Some(prefix.into());
-        self
-    }
-
-    /// The query string (without `?`): `user=<z32>[:<cursor>]` once per user, in order,
-    /// then `limit`, `live`, `reverse` and `path` when set. The path prefix is checked
-    /// with the protocol's path rules first. Limits on values (user count, limit range,
-    /// live with reverse) are the server's to enforce, so its message is what is shown.
-    pub fn to_query(&self) -> Result<String, ClientError> {
-        let mut query = form_urlencoded::Serializer::new(String::new());
-        for (user, cursor) in &self.users {
-            let value = match cursor {
-                Some(cursor) => format!("{}:{cursor}", user.to_z32()),
-                None => user.to_z32(),
-            };
-            query.append_pair("user", &value);
-        }
-        if let Some(limit) = self.limit {
-            query.append_pair("limit", &limit.to_string());
-        }
-        if self.live {
-            query.append_pair("live", "true");
-        }
-        if self.reverse {
-            query.append_pair("reverse", "true");
-        }
-        if let Some(path) = &self.path {
-            query.append_pair("path", path_prefix(path)?.as_str());
-        }
-        Ok(query.finish())
-    }
-}
-
-/// A path filter with its leading `/`, valid by the protocol's rules.
-fn path_prefix(path: &str) -> Result<String, ClientError> {
-    let prefix = if path.starts_with('/') {
-        path.to_owned()
-    } else {
-        format!("/{path}")
-    };
-    storage_path(&prefix)?;
-    Ok(prefix)
-}
+///
+/// [`StreamQuery`]: homeserver_protocol::query::StreamQuery
+pub use homeserver_protocol::query::StreamQuery as StreamRequest;
 
 /// Query of `GET /events/`.
 pub fn feed_query(cursor: u64, limit: Option<u32>) -> String {
-    let mut query = form_urlencoded::Serializer::new(String::new());
-    query.append_pair("cursor", &cursor.to_string());
-    if let Some(limit) = limit {
-        query.append_pair("limit", &limit.to_string());
-    }
-    query.finish()
+    FeedQuery { cursor, limit }.to_query()
 }
 
 impl PkClient {
@@ -256,7 +163,9 @@ mod tests {
     use bytes::Bytes;
     use futures_util::TryStreamExt;
     use homeserver_protocol::Keypair;
+    use homeserver_protocol::PublicKey;
     use homeserver_protocol::event::{EventKind, EventParseError, encode_content_hash};
+    use url::form_urlencoded;
 
     use super::*;
 
@@ -327,11 +236,13 @@ mod tests {
     #[test]
     fn path_filter_is_checked_before_sending() {
         for bad in ["/etc/", "/pub/a b", "/pub/../x"] {
-            let err = StreamRequest::new()
-                .user(key(1))
-                .path(bad)
-                .to_query()
-                .unwrap_err();
+            let err = ClientError::from(
+                StreamRequest::new()
+                    .user(key(1))
+                    .path(bad)
+                    .to_query()
+                    .unwrap_err(),
+            );
             assert!(
                 matches!(err, ClientError::InvalidPath { .. }),
                 "{bad}: {err:?}"

@@ -8,39 +8,12 @@
 use url::Url;
 use url::form_urlencoded;
 
-/// Paging and shape of a listing (`GET /pub/dir/`).
-#[derive(Debug, Clone, Default, PartialEq, Eq)]
-pub struct ListOptions {
-    /// Page size, 1..=1000; the server's default (100) when `None`.
-    pub limit: Option<u32>,
-    /// Opaque cursor from the previous page's [`ListResult`](crate::ListResult).
-    pub cursor: Option<String>,
-    /// Descending path order (newest first for time-sorted ids).
-    pub reverse: bool,
-    /// Immediate children only; sub-folders appear as `name/`.
-    pub shallow: bool,
-}
-
-impl ListOptions {
-    /// The query string (without `?`), or `None` when every option has its default.
-    pub fn to_query(&self) -> Option<String> {
-        let mut query = form_urlencoded::Serializer::new(String::new());
-        if let Some(limit) = self.limit {
-            query.append_pair("limit", &limit.to_string());
-        }
-        if let Some(cursor) = &self.cursor {
-            query.append_pair("cursor", cursor);
-        }
-        if self.reverse {
-            query.append_pair("reverse", "true");
-        }
-        if self.shallow {
-            query.append_pair("shallow", "true");
-        }
-        let query = query.finish();
-        (!query.is_empty()).then_some(query)
-    }
-}
+/// Paging and shape of a listing (`GET /pub/dir/`): the protocol's [`ListQuery`]
+/// (`limit` 1..=1000, the server's default 100; `cursor` from the previous page's
+/// [`ListResult`](crate::ListResult); `reverse`; `shallow`).
+///
+/// [`ListQuery`]: homeserver_protocol::query::ListQuery
+pub use homeserver_protocol::query::ListQuery as ListOptions;
 
 /// Where a request goes, and the target string its signature covers.
 #[derive(Debug, Clone, PartialEq, Eq)]

@@ -13,6 +13,7 @@ pub mod error;
 pub mod event;
 pub mod keys;
 pub mod path;
+pub mod query;
 pub mod signed_request;
 pub mod wire;
 

@@ -4,6 +4,7 @@ use std::path::PathBuf;
 use std::str::FromStr;
 
 use clap::{Args, Parser, Subcommand};
+use homeserver_protocol::query::{MAX_FEED_LIMIT, MAX_LIST_LIMIT};
 use pk_client::PublicKey;
 
 #[derive(Debug, Parser)]
@@ -262,7 +263,7 @@ pub struct LsArgs {
     #[arg(short, long)]
     pub long: bool,
     /// Entries per page (1-1000; the server's default is 100).
-    #[arg(long, value_name = "N", value_parser = clap::value_parser!(u32).range(1..=1000))]
+    #[arg(long, value_name = "N", value_parser = clap::value_parser!(u32).range(1..=i64::from(MAX_LIST_LIMIT)))]
     pub limit: Option<u32>,
     /// Continue after this cursor (printed on stderr by the previous page).
     #[arg(long, value_name = "CURSOR")]
@@ -385,7 +386,7 @@ pub struct EventsArgs {
     #[arg(long, value_name = "N", default_value_t = 0)]
     pub cursor: u64,
     /// Events per page (1-1000; the server's default is 100).
-    #[arg(long, value_name = "N", value_parser = clap::value_parser!(u32).range(1..=1000))]
+    #[arg(long, value_name = "N", value_parser = clap::value_parser!(u32).range(1..=i64::from(MAX_FEED_LIMIT)))]
     pub limit: Option<u32>,
     /// Follow cursors until the end of the feed.
     #[arg(long)]

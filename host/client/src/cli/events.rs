@@ -7,13 +7,11 @@
 use std::io::Write;
 
 use futures_util::StreamExt;
+use homeserver_protocol::query::DEFAULT_FEED_LIMIT;
 use pk_client::{Event, StreamRequest};
 
 use super::args::{EventsArgs, StreamArgs, UserRef};
 use super::{CliError, Context};
-
-/// The server's page size when none is asked for (DESIGN: `/events/` default).
-const DEFAULT_FEED_LIMIT: u32 = 100;
 
 /// `pk stream USER[:CURSOR]... [--live] [--reverse] [--limit N] [--path P] [--cursor N]
 /// [--json]`.

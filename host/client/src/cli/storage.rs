@@ -408,7 +408,7 @@ pub async fn rm(ctx: &Context, path: &str, recursive: bool) -> Result<(), CliErr
         .list_all(
             &folder,
             ListOptions {
-                limit: Some(1000),
+                limit: Some(homeserver_protocol::query::MAX_LIST_LIMIT),
                 ..ListOptions::default()
             },
             None,

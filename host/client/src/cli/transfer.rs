@@ -612,7 +612,7 @@ async fn remote_items(
     user: Option<PublicKey>,
 ) -> Result<BTreeMap<String, Item>, CliError> {
     let options = ListOptions {
-        limit: Some(1000),
+        limit: Some(homeserver_protocol::query::MAX_LIST_LIMIT),
         ..ListOptions::default()
     };
     let entries = client.list_all(prefix, options, user).await?;

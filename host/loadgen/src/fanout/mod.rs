@@ -35,6 +35,7 @@ use std::time::Duration;
 
 use bytes::Bytes;
 use hdrhistogram::Histogram;
+use homeserver_protocol::query::StreamQuery;
 use homeserver_protocol::{BodyHash, Keypair};
 use http_body_util::{BodyExt, Full};
 use hyper::body::Incoming;
@@ -145,8 +146,13 @@ pub async fn run(config: FanoutConfig) -> Result<FanoutSummary, RunError> {
         .map(|_| {
             let keypair = Keypair::random();
             let z32 = keypair.public_key().to_z32();
+            let query = StreamQuery::new()
+                .user(keypair.public_key())
+                .live(true)
+                .to_query()
+                .unwrap_or_default();
             User {
-                stream_uri: format!("/events-stream?user={z32}&live=true"),
+                stream_uri: format!("/events-stream?{query}"),
                 keypair,
                 z32,
             }

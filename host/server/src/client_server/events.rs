@@ -12,31 +12,20 @@ use axum::http::header;
 use axum::response::{IntoResponse, Response};
 use bytes::{Bytes, BytesMut};
 use futures_util::StreamExt;
+use homeserver_protocol::ErrorCode;
 use homeserver_protocol::event::EventPage;
-use homeserver_protocol::{ErrorCode, PublicKey, StoragePath};
+use homeserver_protocol::query::{FeedQuery, StreamQuery};
 
 use super::AppState;
 use super::error::ApiError;
-use super::extract::url_query_pairs;
 use super::middleware::ClientIp;
-use crate::service::events::{
-    DEFAULT_FEED_LIMIT, MAX_FEED_LIMIT, MAX_STREAM_USERS, Subscription, UserCursor, to_wire,
-};
+use crate::service::events::{Subscription, UserCursor, to_wire};
 
 /// Idle streams get a comment line this often, so proxies keep them open.
 const KEEP_ALIVE: Duration = Duration::from_secs(15);
-const MAX_STREAM_LIMIT: u32 = 65535;
 
 fn bad(message: impl Into<String>) -> ApiError {
     ApiError::new(ErrorCode::BadRequest, message)
-}
-
-fn flag(name: &str, value: &str) -> Result<bool, ApiError> {
-    match value {
-        "true" | "1" | "" => Ok(true),
-        "false" | "0" => Ok(false),
-        _ => Err(bad(format!("{name} must be true or false, got `{value}`"))),
-    }
 }
 
 pub async fn feed(State(app): State<AppState>, request: Request) -> Response {
@@ -47,29 +36,8 @@ pub async fn feed(State(app): State<AppState>, request: Request) -> Response {
 }
 
 async fn feed_page(app: &AppState, uri: axum::http::Uri) -> Result<EventPage, ApiError> {
-    let mut cursor = 0u64;
-    let mut limit = DEFAULT_FEED_LIMIT;
-    for (key, value) in uri.query().map(url_query_pairs).into_iter().flatten() {
-        match key.as_str() {
-            "cursor" => {
-                cursor = value.parse().map_err(|_| {
-                    bad(format!("cursor must be an unsigned integer, got `{value}`"))
-                })?;
-            }
-            "limit" => {
-                limit = value
-                    .parse()
-                    .ok()
-                    .filter(|l| (1..=MAX_FEED_LIMIT).contains(l))
-                    .ok_or_else(|| {
-                        bad(format!(
-                            "limit must be from 1 to {MAX_FEED_LIMIT}, got `{value}`"
-                        ))
-                    })?;
-            }
-            _ => {}
-        }
-    }
+    let query = FeedQuery::parse(uri.query().unwrap_or("")).map_err(|e| bad(e.to_string()))?;
+    let (cursor, limit) = (query.cursor, query.limit_or_default());
     let mut events = app.events.feed(cursor, limit).await?;
     // The cursor of the whole page, so paging goes past events the policy hides.
     let last = events.last().map_or(cursor, |e| e.cursor);
@@ -186,82 +154,23 @@ fn parse_subscription(request: &Request) -> Result<Subscription, ApiError> {
 }
 
 fn parse_query(request: &Request) -> Result<Subscription, ApiError> {
+    let query =
+        StreamQuery::parse(request.uri().query().unwrap_or("")).map_err(|e| bad(e.to_string()))?;
     let mut subscription = Subscription {
-        users: Vec::new(),
-        path_prefix: None,
-        limit: None,
-        live: false,
-        reverse: false,
+        users: query
+            .users
+            .iter()
+            .map(|(user, cursor)| UserCursor {
+                user: user.to_z32(),
+                cursor: cursor.unwrap_or(0),
+            })
+            .collect(),
+        path_prefix: query.path,
+        limit: query.limit,
+        live: query.live,
+        reverse: query.reverse,
         visible: None,
     };
-    for (key, value) in request
-        .uri()
-        .query()
-        .map(url_query_pairs)
-        .into_iter()
-        .flatten()
-    {
-        match key.as_str() {
-            "user" => {
-                let (key, cursor) = match value.split_once(':') {
-                    Some((k, c)) => (
-                        k,
-                        c.parse::<u64>().map_err(|_| {
-                            bad(format!(
-                                "user cursor must be an unsigned integer, got `{c}`"
-                            ))
-                        })?,
-                    ),
-                    None => (value.as_str(), 0),
-                };
-                let key: PublicKey = key
-                    .parse()
-                    .map_err(|e| bad(format!("invalid user `{key}`: {e}")))?;
-                subscription.users.push(UserCursor {
-                    user: key.to_z32(),
-                    cursor,
-                });
-            }
-            "limit" => {
-                subscription.limit = Some(
-                    value
-                        .parse()
-                        .ok()
-                        .filter(|l| (1..=MAX_STREAM_LIMIT).contains(l))
-                        .ok_or_else(|| {
-                            bad(format!(
-                                "limit must be from 1 to {MAX_STREAM_LIMIT}, got `{value}`"
-                            ))
-                        })?,
-                );
-            }
-            "live" => subscription.live = flag("live", &value)?,
-            "reverse" => subscription.reverse = flag("reverse", &value)?,
-            "path" => {
-                let prefix = if value.starts_with('/') {
-                    value.clone()
-                } else {
-                    format!("/{value}")
-                };
-                StoragePath::parse(&prefix)
-                    .map_err(|e| bad(format!("invalid path filter `{value}`: {e}")))?;
-                subscription.path_prefix = Some(prefix);
-            }
-            _ => {}
-        }
-    }
-    if subscription.users.is_empty() {
-        return Err(bad("at least one user is required (user=<z32>[:cursor])"));
-    }
-    if subscription.users.len() > MAX_STREAM_USERS {
-        return Err(bad(format!(
-            "at most {MAX_STREAM_USERS} users per stream, got {}",
-            subscription.users.len()
-        )));
-    }
-    if subscription.live && subscription.reverse {
-        return Err(bad("live and reverse cannot be combined"));
-    }
     // The same user twice: keep the lower cursor, so nothing asked for is skipped.
     subscription
         .users

@@ -15,10 +15,11 @@ use homeserver_protocol::{ErrorCode, StoragePath};
 
 use super::AppState;
 use super::error::ApiError;
-use super::extract::{request_info, url_query_pairs};
+use super::extract::request_info;
 use crate::service::access::WriteMethod;
 use crate::service::auth::ReadAccess;
 use crate::service::storage::{BodyError, EntryRecord, ListOptions};
+use homeserver_protocol::query::ListQuery;
 
 /// Every request no other route took: storage paths, or a JSON 404.
 pub async fn handle(State(app): State<AppState>, request: Request) -> Response {
@@ -149,29 +150,14 @@ fn not_modified(headers: &HeaderMap, record: &EntryRecord) -> bool {
 }
 
 fn list_options(uri: &Uri) -> Result<ListOptions, ApiError> {
-    let mut options = ListOptions::default();
-    let bad = |m: String| ApiError::new(ErrorCode::BadRequest, m);
-    let flag = |name: &str, v: &str| match v {
-        "true" | "1" | "" => Ok(true),
-        "false" | "0" => Ok(false),
-        _ => Err(bad(format!("{name} must be true or false, got `{v}`"))),
-    };
-    for (key, value) in uri.query().map(url_query_pairs).into_iter().flatten() {
-        match key.as_str() {
-            "limit" => {
-                options.limit = Some(value.parse().map_err(|_| {
-                    bad(format!(
-                        "limit must be an integer from 1 to 1000, got `{value}`"
-                    ))
-                })?);
-            }
-            "cursor" => options.cursor = Some(value),
-            "reverse" => options.reverse = flag("reverse", &value)?,
-            "shallow" => options.shallow = flag("shallow", &value)?,
-            _ => {}
-        }
-    }
-    Ok(options)
+    let query = ListQuery::parse(uri.query().unwrap_or(""))
+        .map_err(|e| ApiError::new(ErrorCode::BadRequest, e.to_string()))?;
+    Ok(ListOptions {
+        limit: query.limit,
+        cursor: query.cursor,
+        reverse: query.reverse,
+        shallow: query.shallow,
+    })
 }
 
 async fn put(

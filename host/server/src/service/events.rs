@@ -36,12 +36,6 @@ const BATCH: u32 = 1000;
 /// configured `storage.events_poll_ms`).
 pub const DEFAULT_POLL_INTERVAL: Duration = Duration::from_millis(500);
 
-/// Largest page of `/events/`, and its default.
-pub const MAX_FEED_LIMIT: u32 = 1000;
-pub const DEFAULT_FEED_LIMIT: u32 = 100;
-/// At most this many users per subscription.
-pub const MAX_STREAM_USERS: usize = 50;
-
 pub fn to_wire(e: &EventRecord) -> Event {
     Event {
         kind: e.kind,

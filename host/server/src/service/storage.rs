@@ -51,8 +51,8 @@ pub struct StorageLimits {
 }
 
 /// Listing page size when none is asked for, and the largest allowed.
-pub const DEFAULT_LIST_LIMIT: u32 = 100;
-pub const MAX_LIST_LIMIT: u32 = 1000;
+pub use homeserver_protocol::query::DEFAULT_LIST_LIMIT;
+pub use homeserver_protocol::query::MAX_LIST_LIMIT;
 
 /// One byte above every character allowed in a path: `prefix + "{"` bounds a subtree.
 const ABOVE_PATH_CHARS: char = '{';
