@@ -5,6 +5,7 @@ use std::time::Duration;
 
 /// The server's resident memory in bytes; says on stderr which process it read (a wrong
 /// pid, such as the shell that started the server, shows here).
+#[cfg(target_os = "linux")]
 pub(super) fn read_rss(pid: u32, when: &str) -> Option<u64> {
     let status = i32::try_from(pid)
         .map_err(|e| e.to_string())
@@ -28,6 +29,7 @@ pub(super) fn read_rss(pid: u32, when: &str) -> Option<u64> {
 }
 
 /// User + system CPU time a process (`None`: this one) has used so far, all threads.
+#[cfg(target_os = "linux")]
 pub(super) fn process_cpu(pid: Option<u32>) -> Option<Duration> {
     let process = match pid {
         None => procfs::process::Process::myself(),
@@ -41,7 +43,18 @@ pub(super) fn process_cpu(pid: Option<u32>) -> Option<Duration> {
     ))
 }
 
-#[cfg(test)]
+/// Without `/proc` the run reports no memory or CPU figures.
+#[cfg(not(target_os = "linux"))]
+pub(super) fn read_rss(_pid: u32, _when: &str) -> Option<u64> {
+    None
+}
+
+#[cfg(not(target_os = "linux"))]
+pub(super) fn process_cpu(_pid: Option<u32>) -> Option<Duration> {
+    None
+}
+
+#[cfg(all(test, target_os = "linux"))]
 mod tests {
     use super::*;
 

@@ -312,6 +312,17 @@ async fn every_answer_carries_a_request_id() {
         .await
         .unwrap();
     assert_eq!(id(&given), "trace-me-42");
+    // An implausible id (too long, or with characters that could fake a log line) is
+    // replaced.
+    for bad in ["x".repeat(65), "a b".to_owned(), "id\"=\"other".to_owned()] {
+        let r = host
+            .request(Method::GET, "/events/?limit=1")
+            .header("x-request-id", bad.as_str())
+            .send()
+            .await
+            .unwrap();
+        assert_eq!(id(&r).len(), 36, "{bad}");
+    }
     let admin = host.server().admin_addr().unwrap();
     let r = host
         .http
