@@ -14,13 +14,14 @@ use tokio_util::sync::CancellationToken;
 
 use crate::config::{Config, PolicyStartMode};
 use crate::metrics::Metrics;
-use crate::persistence::{self, BlobStore, MetadataStore};
+use crate::persistence::{self, BlobStore};
 use crate::rate_limit::RateLimits;
 use crate::server_key;
 use crate::service::access::AccessControl;
 use crate::service::admin::AdminService;
 use crate::service::entry_cache::EntryCache;
 use crate::service::events::EventHub;
+use crate::service::maintenance::Stores;
 use crate::service::now_secs;
 use crate::service::sessions::{EXPIRED_RETENTION_SECS, SessionService};
 use crate::service::signup::SignupService;
@@ -69,13 +70,12 @@ pub enum StartError {
 }
 
 /// Everything a request handler may need, built once. Routes reach data only through
-/// the services (`storage`, `signup`, `events`, `admin`, `access`, `identity`); the
-/// stores themselves are here for the orchestrator's upkeep, maintenance commands and
-/// tests that inject faults.
+/// the services (`storage`, `signup`, `events`, `admin`, `access`, `identity`): the
+/// stores under them are private to this module, for the orchestrator's upkeep (and,
+/// with the `test-support` feature, for tests that inspect or damage them).
 pub struct AppContext {
     pub config: Config,
-    pub metadata: Arc<dyn MetadataStore>,
-    pub blobs: BlobStore,
+    stores: Stores,
     pub storage: StorageService,
     pub signup: SignupService,
     pub events: Arc<EventHub>,
@@ -100,7 +100,7 @@ impl AppContext {
         if self.known_users.get(user).is_some() {
             return true;
         }
-        match self.metadata.user(user).await {
+        match self.stores.metadata.user(user).await {
             Ok(Some(_)) => {
                 self.known_users.insert(user.to_owned(), ());
                 true
@@ -112,6 +112,14 @@ impl AppContext {
     /// Forgets a deleted user.
     pub fn forget_user(&self, user: &str) {
         self.known_users.remove(user);
+    }
+
+    /// The stores under the services, for tests that read or damage them behind the
+    /// services' back. Only built with the `test-support` feature (the server's own tests
+    /// turn it on), so no route can take this door.
+    #[cfg(feature = "test-support")]
+    pub fn stores(&self) -> &Stores {
+        &self.stores
     }
 
     /// Builds every store and service; `shutdown` ends live streams and background work.
@@ -179,8 +187,7 @@ impl AppContext {
             pkarr: pkarr_board,
             events,
             signup: SignupService::new(metadata.clone(), config.signup.mode),
-            metadata,
-            blobs,
+            stores: Stores { metadata, blobs },
             server_key,
             known_users: quick_cache::sync::Cache::new(100_000),
             config,
@@ -320,7 +327,7 @@ impl Homeserver {
             &context.config.pkarr,
             &context.server_key,
             tls_addr,
-            context.metadata.clone(),
+            context.stores.metadata.clone(),
             &context.pkarr,
             &mut tasks,
             shutdown.clone(),
@@ -371,7 +378,7 @@ impl Homeserver {
     pub async fn shutdown(mut self) {
         self.shutdown.cancel();
         while self.tasks.join_next().await.is_some() {}
-        self.context.metadata.close().await;
+        self.context.stores.metadata.close().await;
         // Only now may another process open the stores.
         drop(self.storage_lock);
     }
@@ -557,10 +564,11 @@ async fn purge_replay_marks(context: Arc<AppContext>, stop: CancellationToken) {
             _ = stop.cancelled() => return,
             _ = tick.tick() => {}
         }
-        if let Err(e) = context.metadata.purge_replay_marks(now_secs()).await {
+        if let Err(e) = context.stores.metadata.purge_replay_marks(now_secs()).await {
             tracing::warn!(error = %e, "purging replay marks failed");
         }
         if let Err(e) = context
+            .stores
             .metadata
             .purge_sessions(now_secs() - EXPIRED_RETENTION_SECS)
             .await
@@ -579,8 +587,12 @@ async fn sweep_blobs(context: Arc<AppContext>, stop: CancellationToken) {
             _ = tick.tick() => {}
         }
         match context
+            .stores
             .blobs
-            .sweep(context.metadata.as_ref(), context.config.orphan_min_age())
+            .sweep(
+                context.stores.metadata.as_ref(),
+                context.config.orphan_min_age(),
+            )
             .await
         {
             Ok(0) => {}

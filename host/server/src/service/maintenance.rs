@@ -45,7 +45,8 @@ const MANIFEST: &str = "manifest.json";
 const PAX_CONTENT_HASH: &str = "homeserver.content_hash";
 const PAX_CREATED_AT: &str = "homeserver.created_at";
 
-/// The stores a maintenance task works on.
+/// The stores under the services: what a maintenance task works on, and what the
+/// running server's upkeep (replay-mark purge, blob sweep) works on.
 #[derive(Clone)]
 pub struct Stores {
     pub metadata: Arc<dyn MetadataStore>,

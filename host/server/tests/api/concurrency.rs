@@ -36,6 +36,7 @@ async fn many_writers_on_one_path() {
 
     let ctx = host.server().context();
     let used = ctx
+        .stores()
         .metadata
         .user(&alice.public_key().to_z32())
         .await
@@ -48,7 +49,7 @@ async fn many_writers_on_one_path() {
         "usage counts the one surviving value"
     );
     assert_eq!(
-        ctx.metadata.latest_cursor().await.unwrap(),
+        ctx.stores().metadata.latest_cursor().await.unwrap(),
         writers as u64,
         "one event per write"
     );
@@ -60,7 +61,7 @@ async fn many_writers_on_one_path() {
         "replaced blobs deleted",
         std::time::Duration::from_secs(10),
         || {
-            let blobs = ctx.blobs.clone();
+            let blobs = ctx.stores().blobs.clone();
             let user = user.clone();
             async move { crate::backend::blob_keys(&blobs, &user).await.len() == 1 }
         },
@@ -106,6 +107,7 @@ async fn many_writers_near_quota() {
     assert_eq!(page.entries.len(), 10);
     let ctx = host.server().context();
     let used = ctx
+        .stores()
         .metadata
         .user(&alice.public_key().to_z32())
         .await

@@ -107,6 +107,7 @@ async fn quota_counts_overwrites_and_deletes() {
     let used = host
         .server()
         .context()
+        .stores()
         .metadata
         .user(&alice.public_key().to_z32())
         .await
@@ -179,7 +180,8 @@ async fn orphaned_blobs_are_swept() {
     host.put(&alice, "/pub/a", b"two").await; // the first blob becomes garbage
     let ctx = host.server().context();
     // Plant an orphan as a crash would leave it (between blob write and commit)...
-    ctx.blobs
+    ctx.stores()
+        .blobs
         .put_bytes(
             &format!("{user}/0190a0a0-0000-7000-8000-000000000000"),
             "orphan".into(),
@@ -197,11 +199,12 @@ async fn orphaned_blobs_are_swept() {
     if local {
         std::fs::write(&staging, b"partial").unwrap();
     }
-    ctx.blobs
-        .sweep(ctx.metadata.as_ref(), std::time::Duration::ZERO)
+    ctx.stores()
+        .blobs
+        .sweep(ctx.stores().metadata.as_ref(), std::time::Duration::ZERO)
         .await
         .unwrap();
-    let left = crate::backend::blob_keys(&ctx.blobs, &user).await;
+    let left = crate::backend::blob_keys(&ctx.stores().blobs, &user).await;
     assert_eq!(left.len(), 1, "only the live blob stays: {left:?}");
     if local {
         assert!(!staging.exists(), "the staging file was swept");

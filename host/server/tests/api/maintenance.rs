@@ -78,10 +78,20 @@ async fn fsck_finds_and_repairs_missing_values_orphans_and_usage() {
     }
 
     // Damage: /pub/b's value is lost, an orphan appears, alice's usage is wrong.
-    let lost = ctx.metadata.entry(&user, "/pub/b").await.unwrap().unwrap();
-    ctx.blobs.delete(&lost.blob_key).await.unwrap();
+    let lost = ctx
+        .stores()
+        .metadata
+        .entry(&user, "/pub/b")
+        .await
+        .unwrap()
+        .unwrap();
+    ctx.stores().blobs.delete(&lost.blob_key).await.unwrap();
     let orphan = format!("{user}/0190a0a0-0000-7000-8000-00000000beef");
-    ctx.blobs.put_bytes(&orphan, "stray".into()).await.unwrap();
+    ctx.stores()
+        .blobs
+        .put_bytes(&orphan, "stray".into())
+        .await
+        .unwrap();
     crate::backend::execute_with_i64(
         &config.storage.database_url,
         "UPDATE users SET used_bytes = ?",
@@ -138,6 +148,7 @@ async fn fsck_finds_and_repairs_missing_values_orphans_and_usage() {
     let used = host
         .server()
         .context()
+        .stores()
         .metadata
         .user(&user)
         .await
@@ -461,6 +472,7 @@ async fn migrate_copies_a_deployment_and_resumes_after_a_kill() {
     let records = target
         .server()
         .context()
+        .stores()
         .metadata
         .pkarr_packets_after("", 10)
         .await

@@ -184,6 +184,7 @@ async fn records_are_checked() {
     let left = host
         .server()
         .context()
+        .stores()
         .metadata
         .pkarr_packets_after("", 10)
         .await

@@ -139,16 +139,26 @@ async fn large_values_stream_through_s3_and_an_aborted_upload_changes_nothing() 
         || async { pending_multipart_uploads(s3, &bucket).await == 0 },
     )
     .await;
-    ctx.blobs
-        .sweep(ctx.metadata.as_ref(), Duration::ZERO)
+    ctx.stores()
+        .blobs
+        .sweep(ctx.stores().metadata.as_ref(), Duration::ZERO)
         .await
         .unwrap();
     assert_eq!(
-        crate::backend::blob_keys(&ctx.blobs, &user).await.len(),
+        crate::backend::blob_keys(&ctx.stores().blobs, &user)
+            .await
+            .len(),
         1,
         "one blob: the live value's"
     );
-    let used = ctx.metadata.user(&user).await.unwrap().unwrap().used_bytes;
+    let used = ctx
+        .stores()
+        .metadata
+        .user(&user)
+        .await
+        .unwrap()
+        .unwrap()
+        .used_bytes;
     assert_eq!(used, value.len() as u64);
 }
 
@@ -183,6 +193,7 @@ async fn assert_consistent(host: &TestHost, key: &Keypair, expected: &[(&str, Ve
     let used = host
         .server()
         .context()
+        .stores()
         .metadata
         .user(&key.public_key().to_z32())
         .await
