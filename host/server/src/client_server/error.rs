@@ -7,7 +7,6 @@ use axum::response::{IntoResponse, Response};
 use homeserver_protocol::{ErrorBody, ErrorCode};
 use serde_json::json;
 
-use crate::persistence::BlobError;
 use crate::service::ServiceError;
 
 /// 503: logged as a warning with its cause (the request span names the request).
@@ -63,7 +62,7 @@ impl From<ServiceError> for ApiError {
             ),
             ServiceError::Unavailable(cause) => unavailable(&cause),
             ServiceError::Store(e) if e.is_unavailable() => unavailable(&e),
-            ServiceError::Blob(e @ BlobError::Unavailable(_)) => unavailable(&e),
+            ServiceError::Blob(e) if e.is_unavailable() => unavailable(&e),
             ServiceError::Store(e) => internal(&e),
             ServiceError::Blob(e) => internal(&e),
             ServiceError::Busy(message) => ErrorBody::new(ErrorCode::ServiceUnavailable, message),

@@ -19,7 +19,7 @@ use homeserver_protocol::query::{FeedQuery, StreamQuery};
 use super::AppState;
 use super::error::ApiError;
 use super::middleware::ClientIp;
-use crate::service::events::{Subscription, UserCursor, to_wire};
+use crate::service::events::{Subscription, to_wire};
 
 /// Idle streams get a comment line this often, so proxies keep them open.
 const KEEP_ALIVE: Duration = Duration::from_secs(15);
@@ -135,48 +135,12 @@ const STREAM_FAILED: &[u8] =
     b"event: error\ndata: the event stream failed on the server; resume from the last id\n\n";
 
 fn parse_subscription(request: &Request) -> Result<Subscription, ApiError> {
-    let mut subscription = parse_query(request)?;
-    // An EventSource reconnecting sends the last id it saw with the original URL: resume
-    // after it (for one user; with several the per-user cursors in the URL rule).
+    let query =
+        StreamQuery::parse(request.uri().query().unwrap_or("")).map_err(|e| bad(e.to_string()))?;
     let last_event_id = request
         .headers()
         .get("last-event-id")
         .and_then(|v| v.to_str().ok())
         .and_then(|v| v.trim().parse::<u64>().ok());
-    if let (Some(id), [only], false) = (
-        last_event_id,
-        subscription.users.as_mut_slice(),
-        subscription.reverse,
-    ) {
-        only.cursor = only.cursor.max(id);
-    }
-    Ok(subscription)
-}
-
-fn parse_query(request: &Request) -> Result<Subscription, ApiError> {
-    let query =
-        StreamQuery::parse(request.uri().query().unwrap_or("")).map_err(|e| bad(e.to_string()))?;
-    let mut subscription = Subscription {
-        users: query
-            .users
-            .iter()
-            .map(|(user, cursor)| UserCursor {
-                user: user.to_z32(),
-                cursor: cursor.unwrap_or(0),
-            })
-            .collect(),
-        path_prefix: query.path,
-        limit: query.limit,
-        live: query.live,
-        reverse: query.reverse,
-        visible: None,
-    };
-    // The same user twice: keep the lower cursor, so nothing asked for is skipped.
-    subscription
-        .users
-        .sort_by(|a, b| a.user.cmp(&b.user).then(a.cursor.cmp(&b.cursor)));
-    subscription
-        .users
-        .dedup_by(|later, first| later.user == first.user);
-    Ok(subscription)
+    Ok(Subscription::from_query(query, last_event_id))
 }

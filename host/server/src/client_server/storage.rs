@@ -18,7 +18,7 @@ use super::error::ApiError;
 use super::extract::request_info;
 use crate::service::access::WriteMethod;
 use crate::service::auth::ReadAccess;
-use crate::service::storage::{BodyError, EntryRecord, ListOptions};
+use crate::service::storage::{BodyError, Entry, ListOptions};
 use homeserver_protocol::query::ListQuery;
 
 /// Every request no other route took: storage paths, or a JSON 404.
@@ -92,54 +92,54 @@ async fn read(app: AppState, parts: Parts, path: StoragePath) -> Result<Response
         };
         return Ok(Json(page).into_response());
     }
-    let record = app.storage.entry(space, &path).await?;
-    if not_modified(&parts.headers, &record) {
+    let entry = app.storage.entry(space, &path).await?;
+    if not_modified(&parts.headers, &entry) {
         let mut response = StatusCode::NOT_MODIFIED.into_response();
-        entry_headers(response.headers_mut(), &record);
+        entry_headers(response.headers_mut(), &entry);
         return Ok(response);
     }
     if parts.method == Method::HEAD {
         let mut response = StatusCode::OK.into_response();
-        entry_headers(response.headers_mut(), &record);
+        entry_headers(response.headers_mut(), &entry);
         response
             .headers_mut()
-            .insert(header::CONTENT_LENGTH, HeaderValue::from(record.size));
+            .insert(header::CONTENT_LENGTH, HeaderValue::from(entry.size()));
         return Ok(response);
     }
-    let (record, stream) = app.storage.open(space, &path, record).await?;
+    let (entry, stream) = app.storage.open(space, &path, entry).await?;
     let body = Body::from_stream(stream.map_err(std::io::Error::other));
     let mut response = Response::new(body);
-    entry_headers(response.headers_mut(), &record);
+    entry_headers(response.headers_mut(), &entry);
     response
         .headers_mut()
-        .insert(header::CONTENT_LENGTH, HeaderValue::from(record.size));
+        .insert(header::CONTENT_LENGTH, HeaderValue::from(entry.size()));
     Ok(response)
 }
 
 /// The entry's `ETag`: its content hash as every wire format spells it (listings'
 /// `content_hash`, events).
-fn etag(record: &EntryRecord) -> String {
-    format!("\"{}\"", encode_content_hash(&record.content_hash))
+fn etag(entry: &Entry) -> String {
+    format!("\"{}\"", encode_content_hash(entry.content_hash()))
 }
 
-fn entry_headers(headers: &mut HeaderMap, record: &EntryRecord) {
+fn entry_headers(headers: &mut HeaderMap, entry: &Entry) {
     headers.insert(
         header::CONTENT_TYPE,
         HeaderValue::from_static("application/octet-stream"),
     );
-    if let Ok(v) = HeaderValue::from_str(&etag(record)) {
+    if let Ok(v) = HeaderValue::from_str(&etag(entry)) {
         headers.insert(header::ETAG, v);
     }
     let modified = std::time::UNIX_EPOCH
-        + std::time::Duration::from_secs(u64::try_from(record.updated_at).unwrap_or(0));
+        + std::time::Duration::from_secs(u64::try_from(entry.updated_at()).unwrap_or(0));
     if let Ok(v) = HeaderValue::from_str(&httpdate::fmt_http_date(modified)) {
         headers.insert(header::LAST_MODIFIED, v);
     }
 }
 
 /// `If-None-Match` per RFC 9110: `*` or a list of (possibly weak) entity tags.
-fn not_modified(headers: &HeaderMap, record: &EntryRecord) -> bool {
-    let current = etag(record);
+fn not_modified(headers: &HeaderMap, entry: &Entry) -> bool {
+    let current = etag(entry);
     headers
         .get_all(header::IF_NONE_MATCH)
         .iter()

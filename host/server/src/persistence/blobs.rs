@@ -113,6 +113,13 @@ pub enum BlobError {
     Config(String),
 }
 
+impl BlobError {
+    /// Whether the caller may retry later (503) rather than having hit a bug (500).
+    pub fn is_unavailable(&self) -> bool {
+        matches!(self, BlobError::Unavailable(_))
+    }
+}
+
 fn map_err(e: object_store::Error) -> BlobError {
     match e {
         object_store::Error::NotFound { path, .. } => BlobError::NotFound(path),

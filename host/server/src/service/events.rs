@@ -18,6 +18,7 @@ use std::time::Duration;
 use bytes::Bytes;
 use futures_util::Stream;
 use homeserver_protocol::event::{Event, encode_content_hash, resource_url};
+use homeserver_protocol::query::StreamQuery;
 use tokio::sync::{Notify, watch};
 use tokio_util::sync::CancellationToken;
 
@@ -25,7 +26,7 @@ use super::ServiceError;
 use super::entry_cache::EntryCache;
 use super::visibility::PublicFilter;
 use crate::persistence::MetadataStore;
-pub use crate::persistence::metadata::UserCursor;
+use crate::persistence::metadata::UserCursor;
 use crate::persistence::metadata::{EventQuery, EventRecord, ReverseEventQuery};
 
 /// Events kept in memory for live subscribers.
@@ -90,7 +91,7 @@ pub struct EventHub {
 #[derive(Debug, Clone)]
 pub struct Subscription {
     /// The users, each with the cursor to resume after (0 = from the start).
-    pub users: Vec<UserCursor>,
+    users: Vec<UserCursor>,
     pub path_prefix: Option<String>,
     pub limit: Option<u32>,
     pub live: bool,
@@ -101,6 +102,34 @@ pub struct Subscription {
 }
 
 impl Subscription {
+    /// What an event-stream request asks for. The same user twice keeps the lower
+    /// cursor, so nothing asked for is skipped. An EventSource reconnecting sends the
+    /// last id it saw with the original URL: read forward for one user, the stream
+    /// resumes after it (with several users, the per-user cursors in the URL rule).
+    pub fn from_query(query: StreamQuery, last_event_id: Option<u64>) -> Self {
+        let mut users: Vec<UserCursor> = query
+            .users
+            .iter()
+            .map(|(user, cursor)| UserCursor {
+                user: user.to_z32(),
+                cursor: cursor.unwrap_or(0),
+            })
+            .collect();
+        users.sort_by(|a, b| a.user.cmp(&b.user).then(a.cursor.cmp(&b.cursor)));
+        users.dedup_by(|later, first| later.user == first.user);
+        if let (Some(id), [only], false) = (last_event_id, users.as_mut_slice(), query.reverse) {
+            only.cursor = only.cursor.max(id);
+        }
+        Self {
+            users,
+            path_prefix: query.path,
+            limit: query.limit,
+            live: query.live,
+            reverse: query.reverse,
+            visible: None,
+        }
+    }
+
     fn matches(&self, e: &EventRecord) -> bool {
         self.users
             .iter()
@@ -479,6 +508,49 @@ mod tests {
     use super::*;
     use crate::persistence::metadata::{NewEntry, ReplayMark};
     use crate::persistence::{DatabaseUrl, MetadataWrites, open_metadata};
+
+    fn users(query: &str, last_event_id: Option<u64>) -> Vec<(String, u64)> {
+        let query = StreamQuery::parse(query).unwrap();
+        Subscription::from_query(query, last_event_id)
+            .users
+            .into_iter()
+            .map(|u| (u.user, u.cursor))
+            .collect()
+    }
+
+    #[test]
+    fn a_stream_request_keeps_each_user_once_at_the_lower_cursor() {
+        let (a, b) = (
+            homeserver_protocol::Keypair::from_seed(&[1; 32]).public_key(),
+            homeserver_protocol::Keypair::from_seed(&[2; 32]).public_key(),
+        );
+        let mut got = users(&format!("user={a}:7&user={b}&user={a}:3"), None);
+        got.sort();
+        let mut want = vec![(a.to_z32(), 3), (b.to_z32(), 0)];
+        want.sort();
+        assert_eq!(got, want);
+    }
+
+    #[test]
+    fn last_event_id_resumes_one_user_read_forward() {
+        let (a, b) = (
+            homeserver_protocol::Keypair::from_seed(&[1; 32]).public_key(),
+            homeserver_protocol::Keypair::from_seed(&[2; 32]).public_key(),
+        );
+        assert_eq!(users(&format!("user={a}:3"), Some(9)), [(a.to_z32(), 9)]);
+        // Never backwards: the URL's later cursor wins.
+        assert_eq!(users(&format!("user={a}:12"), Some(9)), [(a.to_z32(), 12)]);
+        // Reverse reads and several users keep the URL's cursors.
+        assert_eq!(
+            users(&format!("user={a}:3&reverse=true"), Some(9)),
+            [(a.to_z32(), 3)]
+        );
+        let mut got = users(&format!("user={a}:3&user={b}:4"), Some(9));
+        got.sort();
+        let mut want = vec![(a.to_z32(), 3), (b.to_z32(), 4)];
+        want.sort();
+        assert_eq!(got, want);
+    }
 
     async fn put(store: &Arc<dyn MetadataStore>, user: &str, path: &str, n: u8) {
         let outcome = store

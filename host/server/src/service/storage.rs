@@ -27,12 +27,32 @@ use super::upload_staging::{StagedBody, UploadStaging};
 use super::visibility::PublicFilter;
 use super::{ServiceError, now_secs};
 use crate::persistence::blobs::BlobError;
-pub use crate::persistence::metadata::EntryRecord;
+use crate::persistence::metadata::EntryRecord;
 use crate::persistence::metadata::{
     DeleteOutcome, EntryRange, NewEntry, PutOutcome, QuotaExceeded,
 };
 use crate::persistence::rules::check_quota;
 use crate::persistence::{BlobStore, MetadataStore, MetadataWrites};
+
+/// One stored value as routes see it: what its response headers say. Where its bytes
+/// live (the blob key) stays inside the service; [`StorageService::open`] reads them.
+#[derive(Debug, Clone)]
+pub struct Entry(EntryRecord);
+
+impl Entry {
+    pub fn size(&self) -> u64 {
+        self.0.size
+    }
+
+    pub fn content_hash(&self) -> &[u8; 32] {
+        &self.0.content_hash
+    }
+
+    /// Unix seconds of the last write.
+    pub fn updated_at(&self) -> i64 {
+        self.0.updated_at
+    }
+}
 
 /// Limits of the storage API.
 #[derive(Debug, Clone, Copy)]
@@ -330,6 +350,14 @@ impl StorageService {
         &self,
         space: &PublicKey,
         path: &StoragePath,
+    ) -> Result<Entry, ServiceError> {
+        self.record(space, path).await.map(Entry)
+    }
+
+    async fn record(
+        &self,
+        space: &PublicKey,
+        path: &StoragePath,
     ) -> Result<EntryRecord, ServiceError> {
         let user = space.to_z32();
         if let Some(hit) = self.entry_cache.get(&user, path.as_str()) {
@@ -352,21 +380,22 @@ impl StorageService {
         &self,
         space: &PublicKey,
         path: &StoragePath,
-        mut record: EntryRecord,
+        entry: Entry,
     ) -> Result<
         (
-            EntryRecord,
+            Entry,
             futures_util::stream::BoxStream<'static, Result<Bytes, BlobError>>,
         ),
         ServiceError,
     > {
+        let Entry(mut record) = entry;
         for _ in 0..3 {
             match self.blobs.get(&record.blob_key, record.size).await {
-                Ok(stream) => return Ok((record, stream)),
+                Ok(stream) => return Ok((Entry(record), stream)),
                 Err(BlobError::NotFound(_)) => {
                     // The cached row may be the stale one: ask the database.
                     self.entry_cache.invalidate(&space.to_z32(), path.as_str());
-                    let again = self.entry(space, path).await?;
+                    let again = self.record(space, path).await?;
                     if again.blob_key == record.blob_key {
                         return Err(ServiceError::Internal(format!(
                             "entry {path} points at missing blob {}",
