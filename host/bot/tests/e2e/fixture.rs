@@ -2,7 +2,7 @@
 //! to this test), a `pkbot`, users writing pubky.app posts with the client library, and
 //! a local server speaking the OpenAI chat-completions and SearXNG wire formats.
 
-use std::net::{SocketAddr, TcpListener, TcpStream};
+use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
 use std::sync::Arc;
@@ -19,142 +19,10 @@ pub const PKBOT: &str = env!("CARGO_BIN_EXE_pkbot");
 /// Generous bound for waits (never a timing assertion).
 pub const WAIT: Duration = Duration::from_secs(60);
 
-pub fn free_port() -> u16 {
-    TcpListener::bind("127.0.0.1:0")
-        .and_then(|l| l.local_addr())
-        .map(|a| a.port())
-        .expect("a free port")
-}
+pub use hs_testkit::{Homeserver, free_port, homeserver_binary_or_skip, wait_listening};
 
 fn repo() -> PathBuf {
     Path::new(env!("CARGO_MANIFEST_DIR")).join("../..")
-}
-
-fn wait_listening(port: u16, child: &mut Child, what: &str, log: &Path) {
-    let deadline = Instant::now() + WAIT;
-    loop {
-        if TcpStream::connect(("127.0.0.1", port)).is_ok() {
-            return;
-        }
-        if let Ok(Some(status)) = child.try_wait() {
-            panic!(
-                "{what} exited with {status} before listening:\n{}",
-                std::fs::read_to_string(log).unwrap_or_default()
-            );
-        }
-        assert!(Instant::now() < deadline, "{what} did not listen on {port}");
-        std::thread::sleep(Duration::from_millis(50));
-    }
-}
-
-/// The homeserver binary, or None (skipped, with the reason printed; a failure in CI).
-pub fn homeserver_binary_or_skip(test: &str) -> Option<PathBuf> {
-    let bin = std::env::var_os("HOMESERVER_BIN")
-        .map(PathBuf::from)
-        .or_else(|| {
-            // target/<profile>/deps/e2e-xxxx → target/<profile>/homeserver
-            let exe = std::env::current_exe().ok()?;
-            let bin = exe.parent()?.parent()?.join("homeserver");
-            bin.is_file().then_some(bin)
-        });
-    if bin.is_none() {
-        let why = "the homeserver binary is not built next to this test (cargo build -p \
-                   homeserver with the same target dir, or set HOMESERVER_BIN)";
-        assert!(
-            std::env::var("CI").as_deref() != Ok("true"),
-            "CI=true and {why}"
-        );
-        eprintln!("SKIPPED {test}: {why}");
-    }
-    bin
-}
-
-pub struct Homeserver {
-    child: Option<Child>,
-    bin: PathBuf,
-    dir: PathBuf,
-    port: u16,
-    log: PathBuf,
-    pub url: String,
-}
-
-impl Homeserver {
-    pub fn start(bin: &Path, dir: &Path) -> Self {
-        std::fs::create_dir_all(dir).unwrap();
-        let port = free_port();
-        let mut hs = Self {
-            child: None,
-            bin: bin.to_owned(),
-            dir: dir.to_owned(),
-            port,
-            log: dir.join("homeserver.log"),
-            url: format!("http://127.0.0.1:{port}"),
-        };
-        hs.spawn();
-        hs
-    }
-
-    fn spawn(&mut self) {
-        let (dir, port) = (&self.dir, self.port);
-        let out = std::fs::OpenOptions::new()
-            .create(true)
-            .append(true)
-            .open(&self.log)
-            .unwrap();
-        let mut child = Command::new(&self.bin)
-            .current_dir(dir)
-            .env("HOMESERVER__HTTP__LISTEN", format!("127.0.0.1:{port}"))
-            .env("HOMESERVER__RATE_LIMIT__ENABLED", "false")
-            .env("HOMESERVER__METRICS__LISTEN", "")
-            .env(
-                "HOMESERVER__STORAGE__DATABASE_URL",
-                format!("sqlite://{}/hs.db", dir.display()),
-            )
-            .env(
-                "HOMESERVER__STORAGE__BLOBS",
-                format!("file://{}/blobs", dir.display()),
-            )
-            .env("HOMESERVER__KEYS__SECRET_KEY_FILE", dir.join("server.key"))
-            .env("HOMESERVER__POLICIES__DIR", dir.join("policies"))
-            .env(
-                "HOMESERVER__POLICIES__CACHE_DIR",
-                std::env::temp_dir().join("homeserver-test-guest-cache"),
-            )
-            .env("HOMESERVER__PKARR__ENABLED", "false")
-            .stdin(Stdio::null())
-            .stdout(out.try_clone().unwrap())
-            .stderr(out)
-            .spawn()
-            .expect("the homeserver starts");
-        wait_listening(port, &mut child, "homeserver", &self.log);
-        self.child = Some(child);
-    }
-
-    /// kill -9: the homeserver is gone until [`Self::start_again`].
-    pub fn stop(&mut self) {
-        if let Some(mut child) = self.child.take() {
-            let _ = child.kill();
-            let _ = child.wait();
-        }
-    }
-
-    /// Starts it again on the same port and data.
-    pub fn start_again(&mut self) {
-        self.stop();
-        self.spawn();
-    }
-}
-
-impl Drop for Homeserver {
-    fn drop(&mut self) {
-        self.stop();
-        if std::thread::panicking() {
-            eprintln!(
-                "--- homeserver log ---\n{}",
-                std::fs::read_to_string(&self.log).unwrap_or_default()
-            );
-        }
-    }
 }
 
 /// A `pkbot` process on its own data folder.

@@ -1,12 +1,12 @@
-//! What every `pk` test uses: a clean `pk` command, output checks, a real `homeserver`
-//! process and a `pk` whose output is read as it is written.
+//! What every `pk` test uses: a clean `pk` command, output checks and a `pk` whose
+//! output is read as it is written; the real `homeserver` process comes from hs-testkit
+//! (shared with pkbot's end-to-end tests).
 
 use std::io::{BufRead, BufReader, Write};
-use std::net::{TcpListener, TcpStream};
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Output, Stdio};
 use std::sync::mpsc;
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 pub const PK: &str = env!("CARGO_BIN_EXE_pk");
 
@@ -128,138 +128,7 @@ pub fn json_out(o: &Output) -> serde_json::Value {
         .unwrap_or_else(|e| panic!("stdout is not one JSON object ({e}): {}", stdout(o)))
 }
 
-pub fn free_port() -> u16 {
-    TcpListener::bind("127.0.0.1:0")
-        .and_then(|l| l.local_addr())
-        .map(|a| a.port())
-        .expect("a free port")
-}
-
-/// The `homeserver` process; killed when dropped, its log shown if the test failed.
-pub struct Homeserver {
-    pub child: Child,
-    pub log: PathBuf,
-    pub url: String,
-}
-
-impl Homeserver {
-    pub fn binary() -> Option<PathBuf> {
-        if let Some(path) = std::env::var_os("HOMESERVER_BIN") {
-            return Some(PathBuf::from(path));
-        }
-        // target/<profile>/deps/cli-xxxx → target/<profile>/homeserver
-        let exe = std::env::current_exe().ok()?;
-        let profile_dir = exe.parent()?.parent()?;
-        let bin = profile_dir.join(format!("homeserver{}", std::env::consts::EXE_SUFFIX));
-        bin.is_file().then_some(bin)
-    }
-
-    pub fn start(bin: &Path, dir: &Path) -> Self {
-        Self::start_with(bin, dir, &[])
-    }
-
-    /// Starts the server with `env` on top of the test settings.
-    pub fn start_with(bin: &Path, dir: &Path, env: &[(&str, &str)]) -> Self {
-        let port = free_port();
-        let log = dir.join("homeserver.log");
-        let log_file = std::fs::File::create(&log).expect("log file");
-        // The e2e tests make many requests from one address, faster than any person
-        // would (rate limits have tests of their own), and several servers may run at
-        // once: no fixed metrics port.
-        let child = Command::new(bin)
-            .env("HOMESERVER__RATE_LIMIT__ENABLED", "false")
-            .env("HOMESERVER__PKARR__ENABLED", "false")
-            .env("HOMESERVER__METRICS__LISTEN", "")
-            // Compiled guests shared across test servers (safe: written by rename).
-            .env(
-                "HOMESERVER__POLICIES__CACHE_DIR",
-                std::env::temp_dir().join("homeserver-test-guest-cache"),
-            )
-            .current_dir(dir)
-            .env("HOMESERVER__HTTP__LISTEN", format!("127.0.0.1:{port}"))
-            .env(
-                "HOMESERVER__STORAGE__DATABASE_URL",
-                format!("sqlite://{}/hs.db", dir.display()),
-            )
-            .env(
-                "HOMESERVER__STORAGE__BLOBS",
-                format!("file://{}/blobs", dir.display()),
-            )
-            .env(
-                "HOMESERVER__KEYS__SECRET_KEY_FILE",
-                dir.join("server.key").display().to_string(),
-            )
-            .env(
-                "HOMESERVER__POLICIES__DIR",
-                dir.join("policies").display().to_string(),
-            )
-            .envs(env.iter().copied())
-            .stdin(Stdio::null())
-            .stdout(log_file.try_clone().expect("log fd"))
-            .stderr(log_file)
-            .spawn()
-            .expect("homeserver starts");
-        let mut server = Self {
-            child,
-            log,
-            url: format!("http://127.0.0.1:{port}"),
-        };
-        server.wait_ready(port);
-        server
-    }
-
-    pub fn wait_ready(&mut self, port: u16) {
-        let deadline = Instant::now() + Duration::from_secs(60);
-        loop {
-            if TcpStream::connect(("127.0.0.1", port)).is_ok() {
-                return;
-            }
-            if let Ok(Some(status)) = self.child.try_wait() {
-                panic!(
-                    "homeserver exited with {status} before listening:\n{}",
-                    self.log_text()
-                );
-            }
-            assert!(
-                Instant::now() < deadline,
-                "homeserver did not listen on {port} within 60 s:\n{}",
-                self.log_text()
-            );
-            std::thread::sleep(Duration::from_millis(50));
-        }
-    }
-
-    pub fn log_text(&self) -> String {
-        std::fs::read_to_string(&self.log).unwrap_or_default()
-    }
-}
-
-impl Drop for Homeserver {
-    fn drop(&mut self) {
-        let _ = self.child.kill();
-        let _ = self.child.wait();
-        if std::thread::panicking() {
-            eprintln!("--- homeserver log ---\n{}", self.log_text());
-        }
-    }
-}
-
-/// The homeserver binary, or `None` (with a note) when the test should be skipped.
-pub fn homeserver_binary_or_skip(test: &str) -> Option<PathBuf> {
-    let bin = Homeserver::binary();
-    if bin.is_none() {
-        let msg = "homeserver binary not built next to this test (run `cargo build -p homeserver` \
-                   with the same target dir, or set HOMESERVER_BIN)";
-        // In CI (CI=true) a missing binary is a failure, never a silent pass.
-        assert!(
-            std::env::var_os("PK_E2E_REQUIRE_HOMESERVER").is_none()
-                && std::env::var("CI").as_deref() != Ok("true"),
-            "{msg}"
-        );
-        eprintln!("SKIPPED {test}: {msg}");
-    }
-    bin
-}
+pub use hs_testkit::{Homeserver, free_port, homeserver_binary_or_skip};
 
 /// A `pk` process whose standard output is read line by line as it is written.
 pub struct Streaming {

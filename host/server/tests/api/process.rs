@@ -14,13 +14,7 @@ pub struct ServerProcess {
     pub admin: String,
 }
 
-pub fn free_port() -> u16 {
-    std::net::TcpListener::bind("127.0.0.1:0")
-        .unwrap()
-        .local_addr()
-        .unwrap()
-        .port()
-}
+pub use hs_testkit::free_port;
 
 impl ServerProcess {
     /// Starts the binary in `dir` (its working directory: `./data`, `./policies`) on
