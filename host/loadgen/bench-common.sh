@@ -8,7 +8,9 @@ KEEP_TMP=${BENCH_KEEP_TMP:-0}
 ROOT=$(cd "$(dirname "${BASH_SOURCE[0]}")/../.." && pwd)
 TARGET_DIR=${CARGO_TARGET_DIR:-$ROOT/target}
 LOAD=$TARGET_DIR/release/hs-load
-HOMESERVER=$TARGET_DIR/release/homeserver
+# BENCH_HOMESERVER: a homeserver binary of your own instead of this checkout's release
+# build (an A/B of two builds: copy one aside, change the code, run both).
+HOMESERVER=${BENCH_HOMESERVER:-$TARGET_DIR/release/homeserver}
 POLICIES_SRC=${BENCH_POLICIES_DIR:-$ROOT/policies}
 
 TMP=$(mktemp -d "${TMPDIR:-/tmp}/hs-$BENCH_NAME.XXXXXX")

@@ -20,6 +20,8 @@
 #                               (also: put-10m get-10m, at BENCH_CONNECTIONS_1M)
 #   BENCH_BASELINE_ONLY [0]     1: build and measure only the baseline
 #   BENCH_SERVER_LOG [warn]     RUST_LOG for the homeserver
+#   BENCH_HOMESERVER []         a homeserver binary to measure instead of building this
+#                               checkout's (an A/B of two builds)
 #   BENCH_KEEP_TMP [0]          1: keep the throwaway data dir (path printed)
 #   BENCH_POLICIES_DIR [policies/]  guests copied into the throwaway policies dir
 #   BENCH_BACKEND [sqlite]      postgres: PostgreSQL + S3 (moto), needs psql and moto
@@ -173,7 +175,7 @@ fi
 
 # ---- build ----
 packages=(-p hs-loadgen)
-[[ $BASELINE_ONLY == 1 ]] || packages+=(-p homeserver)
+[[ $BASELINE_ONLY == 1 || -n ${BENCH_HOMESERVER:-} ]] || packages+=(-p homeserver)
 log "building release binaries (${packages[*]})"
 (cd "$ROOT" && cargo build --release "${packages[@]}" >&2)
 
