@@ -5,11 +5,22 @@
 //! a `request` span that the log lines of the request's own task carry, so a 500 a
 //! client reports can be found in the log. (Work a request hands to a spawned task,
 //! such as deleting replaced blobs, logs without it.)
+//!
+//! One layer of its own rather than tower-http's three (`SetRequestId`,
+//! `PropagateRequestId`, `Trace`) and a map for the plausibility check: on a router each
+//! layer costs every request a clone of the route and a boxed future, and the four cost
+//! a public GET ~5 µs of its ~15 µs of server CPU; this one costs about 2 µs
+//! (docs/BENCHMARKS.md "Request ids").
+
+use std::future::Future;
+use std::pin::Pin;
+use std::task::{Context, Poll};
 
 use axum::Router;
-use axum::http::{HeaderName, Request};
-use tower_http::request_id::{MakeRequestUuid, PropagateRequestIdLayer, SetRequestIdLayer};
-use tower_http::trace::TraceLayer;
+use axum::http::{HeaderName, HeaderValue, Request};
+use axum::response::Response;
+use tower::{Layer, Service};
+use tracing::Instrument;
 
 pub const REQUEST_ID_HEADER: HeaderName = HeaderName::from_static("x-request-id");
 
@@ -18,50 +29,116 @@ const MAX_CLIENT_ID: usize = 64;
 
 /// Wraps `router` (outermost, so the id exists before anything else runs).
 pub fn with_request_ids(router: Router) -> Router {
-    router
-        .layer(
-            // The span only: requests are counted by metrics, not logged one by one.
-            TraceLayer::new_for_http()
-                .make_span_with(request_span)
-                .on_request(())
-                .on_response(())
-                .on_body_chunk(())
-                .on_eos(())
-                .on_failure(()),
-        )
-        .layer(PropagateRequestIdLayer::new(REQUEST_ID_HEADER))
-        .layer(SetRequestIdLayer::new(REQUEST_ID_HEADER, MakeRequestUuid))
-        .layer(axum::middleware::map_request(drop_implausible_id))
+    router.layer(RequestIdLayer)
 }
 
-/// Removes a client's `X-Request-Id` that is not a plausible id (a new one is made).
-async fn drop_implausible_id<B>(mut request: Request<B>) -> Request<B> {
-    let plausible = request.headers().get(REQUEST_ID_HEADER).is_none_or(|v| {
-        let bytes = v.as_bytes();
-        !bytes.is_empty()
-            && bytes.len() <= MAX_CLIENT_ID
-            && bytes
-                .iter()
-                .all(|b| b.is_ascii_alphanumeric() || matches!(b, b'.' | b'_' | b'-'))
-    });
-    if !plausible {
-        request.headers_mut().remove(REQUEST_ID_HEADER);
+/// Gives each request its id and span; see the module's documentation.
+#[derive(Debug, Clone, Copy, Default)]
+pub struct RequestIdLayer;
+
+impl<S> Layer<S> for RequestIdLayer {
+    type Service = RequestIds<S>;
+
+    fn layer(&self, inner: S) -> RequestIds<S> {
+        RequestIds { inner }
     }
-    request
 }
 
-fn request_span<B>(request: &Request<B>) -> tracing::Span {
-    let id = request
-        .headers()
-        .get(REQUEST_ID_HEADER)
-        .and_then(|v| v.to_str().ok())
-        .unwrap_or("");
+/// The service of [`RequestIdLayer`].
+#[derive(Debug, Clone)]
+pub struct RequestIds<S> {
+    inner: S,
+}
+
+impl<S, B> Service<Request<B>> for RequestIds<S>
+where
+    S: Service<Request<B>, Response = Response>,
+    S::Future: Send + 'static,
+{
+    type Response = Response;
+    type Error = S::Error;
+    type Future = Pin<Box<dyn Future<Output = Result<Response, S::Error>> + Send>>;
+
+    fn poll_ready(&mut self, cx: &mut Context<'_>) -> Poll<Result<(), S::Error>> {
+        self.inner.poll_ready(cx)
+    }
+
+    fn call(&mut self, mut request: Request<B>) -> Self::Future {
+        let id = match request.headers().get(REQUEST_ID_HEADER) {
+            Some(given) if plausible(given) => given.clone(),
+            _ => {
+                let made = new_id();
+                request
+                    .headers_mut()
+                    .insert(REQUEST_ID_HEADER, made.clone());
+                made
+            }
+        };
+        let span = request_span(&request, &id);
+        let response = span.in_scope(|| self.inner.call(request));
+        Box::pin(
+            async move {
+                let mut response = response.await?;
+                response.headers_mut().insert(REQUEST_ID_HEADER, id);
+                Ok(response)
+            }
+            .instrument(span),
+        )
+    }
+}
+
+/// A client's id worth keeping: short, and nothing that could fake a log line.
+fn plausible(id: &HeaderValue) -> bool {
+    let bytes = id.as_bytes();
+    !bytes.is_empty()
+        && bytes.len() <= MAX_CLIENT_ID
+        && bytes
+            .iter()
+            .all(|b| b.is_ascii_alphanumeric() || matches!(b, b'.' | b'_' | b'-'))
+}
+
+/// A new random (v4) UUID, hyphenated.
+fn new_id() -> HeaderValue {
+    let mut text = [0u8; uuid::fmt::Hyphenated::LENGTH];
+    let text = uuid::Uuid::new_v4().hyphenated().encode_lower(&mut text);
+    HeaderValue::from_str(text).unwrap_or_else(|_| HeaderValue::from_static("-"))
+}
+
+fn request_span<B>(request: &Request<B>, id: &HeaderValue) -> tracing::Span {
+    let id = id.to_str().unwrap_or("");
     // At ERROR level so that the span exists whatever the log filter lets through
     // (`RUST_LOG=warn` still tags its warnings with the id); it prints nothing itself.
+    // The id is written plainly (a kept id is checked above; a made one is a UUID); the
+    // path stays quoted and escaped, since a URI path may hold `"` and `}`.
     tracing::error_span!(
         "request",
-        id,
+        id = %id,
         method = %request.method(),
         path = request.uri().path()
     )
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn only_short_plain_ids_are_kept() {
+        for kept in ["trace-me-42", "a.b_c-D9", &"x".repeat(64)] {
+            assert!(plausible(&HeaderValue::from_str(kept).unwrap()), "{kept}");
+        }
+        for replaced in ["", "a b", "id\"=\"other", "é", &"x".repeat(65)] {
+            let value = HeaderValue::from_bytes(replaced.as_bytes()).unwrap();
+            assert!(!plausible(&value), "{replaced}");
+        }
+    }
+
+    #[test]
+    fn made_ids_are_uuids() {
+        let id = new_id();
+        let text = id.to_str().unwrap();
+        assert_eq!(text.len(), 36);
+        assert!(uuid::Uuid::parse_str(text).is_ok(), "{text}");
+        assert_ne!(new_id(), id);
+    }
 }
