@@ -9,8 +9,15 @@ ROOT=$(cd "$(dirname "${BASH_SOURCE[0]}")/../.." && pwd)
 TARGET_DIR=${CARGO_TARGET_DIR:-$ROOT/target}
 LOAD=$TARGET_DIR/release/hs-load
 # BENCH_HOMESERVER: a homeserver binary of your own instead of this checkout's release
-# build (an A/B of two builds: copy one aside, change the code, run both).
+# build (an A/B of two builds: copy one aside, change the code, run both). bench.sh only:
+# the other scripts build and run the checkout's. The settings written for it are this
+# checkout's (config.default.toml): a binary of another revision may refuse some.
 HOMESERVER=${BENCH_HOMESERVER:-$TARGET_DIR/release/homeserver}
+if [[ -n ${BENCH_HOMESERVER:-} ]]; then
+    # The servers start in the temp dir: the path must not be relative to here.
+    HOMESERVER=$(realpath -e -- "$BENCH_HOMESERVER") && [[ -x $HOMESERVER ]] ||
+        { echo "BENCH_HOMESERVER=$BENCH_HOMESERVER is not an executable file" >&2; exit 2; }
+fi
 POLICIES_SRC=${BENCH_POLICIES_DIR:-$ROOT/policies}
 
 TMP=$(mktemp -d "${TMPDIR:-/tmp}/hs-$BENCH_NAME.XXXXXX")

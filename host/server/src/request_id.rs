@@ -3,8 +3,10 @@
 //! anything else is replaced, so a client cannot write arbitrary text into the log),
 //! otherwise a new UUID; echoed in the response's `X-Request-Id`, and the field `id` of
 //! a `request` span that the log lines of the request's own task carry, so a 500 a
-//! client reports can be found in the log. (Work a request hands to a spawned task,
-//! such as deleting replaced blobs, logs without it.)
+//! client reports can be found in the log. The span covers the handler; a response
+//! body that streams afterwards logs without it unless it names the span (the event
+//! stream's failure warning does), and so does work handed to a spawned task (deleting
+//! replaced blobs).
 //!
 //! One layer of its own rather than tower-http's three (`SetRequestId`,
 //! `PropagateRequestId`, `Trace`) and a map for the plausibility check: on a router each
@@ -101,7 +103,7 @@ fn plausible(id: &HeaderValue) -> bool {
 fn new_id() -> HeaderValue {
     let mut text = [0u8; uuid::fmt::Hyphenated::LENGTH];
     let text = uuid::Uuid::new_v4().hyphenated().encode_lower(&mut text);
-    HeaderValue::from_str(text).unwrap_or_else(|_| HeaderValue::from_static("-"))
+    HeaderValue::from_str(text).expect("a hyphenated UUID is a valid header value")
 }
 
 fn request_span<B>(request: &Request<B>, id: &HeaderValue) -> tracing::Span {
@@ -131,6 +133,55 @@ mod tests {
             let value = HeaderValue::from_bytes(replaced.as_bytes()).unwrap();
             assert!(!plausible(&value), "{replaced}");
         }
+    }
+
+    /// A log line written while a request is handled names the request's span.
+    #[test]
+    fn log_lines_of_a_request_carry_its_id() {
+        use std::sync::{Arc, Mutex};
+
+        #[derive(Clone, Default)]
+        struct Captured(Arc<Mutex<Vec<u8>>>);
+        impl std::io::Write for Captured {
+            fn write(&mut self, bytes: &[u8]) -> std::io::Result<usize> {
+                self.0.lock().unwrap().extend_from_slice(bytes);
+                Ok(bytes.len())
+            }
+            fn flush(&mut self) -> std::io::Result<()> {
+                Ok(())
+            }
+        }
+        let captured = Captured::default();
+        let writer = captured.clone();
+        let subscriber = tracing_subscriber::fmt()
+            .with_env_filter("warn")
+            .with_ansi(false)
+            .with_writer(move || writer.clone())
+            .finish();
+        let router = with_request_ids(Router::new().route(
+            "/x",
+            axum::routing::get(|| async {
+                tracing::warn!("inside the handler");
+            }),
+        ));
+        let request = Request::get("/x?q=1")
+            .header(REQUEST_ID_HEADER, "trace-me-7")
+            .body(axum::body::Body::empty())
+            .unwrap();
+        let runtime = tokio::runtime::Builder::new_current_thread()
+            .build()
+            .unwrap();
+        let response = tracing::subscriber::with_default(subscriber, || {
+            runtime.block_on(Service::call(&mut router.clone(), request))
+        })
+        .unwrap();
+        assert_eq!(response.headers()[REQUEST_ID_HEADER], "trace-me-7");
+        let log = String::from_utf8(captured.0.lock().unwrap().clone()).unwrap();
+        assert!(
+            log.contains(r#"request{id=trace-me-7 method=GET path="/x"}"#)
+                && log.contains("inside the handler"),
+            "{log}"
+        );
     }
 
     #[test]

@@ -1,7 +1,9 @@
 //! What the end-to-end tests of `pk` (host/client/tests/cli) and `pkbot`
 //! (host/bot/tests/e2e) share: a free port, the `homeserver` binary built next to the
-//! test, and a real homeserver process on a throwaway folder. (The server's own suite
-//! has its fixtures in host/server/tests/api: it starts servers in-process.)
+//! test, and a real homeserver process on a throwaway folder. (The server's own suite,
+//! host/server/tests/api, has fixtures of its own: most of its servers run in the test
+//! process, and its binary processes need the admin API and `./data`; it shares
+//! `free_port`.)
 //!
 //! Only for tests: the helpers panic on failure, with the process's log.
 
@@ -57,9 +59,9 @@ pub fn homeserver_binary() -> Option<PathBuf> {
 }
 
 /// The homeserver binary, or `None` with the reason printed: the test is then skipped
-/// (`cargo test -p pk-client` alone does not build the binary; `cargo test --workspace`
-/// does). With `CI=true` or `PK_E2E_REQUIRE_HOMESERVER` set, a missing binary is a
-/// failure instead, never a silent pass.
+/// (`cargo test -p pk-client` or `-p pkbot` alone does not build the binary; `cargo test
+/// --workspace` does). With `CI=true` or `PK_E2E_REQUIRE_HOMESERVER` set (for pk's and
+/// pkbot's tests alike), a missing binary is a failure instead, never a silent pass.
 pub fn homeserver_binary_or_skip(test: &str) -> Option<PathBuf> {
     let bin = homeserver_binary();
     if bin.is_none() {
@@ -77,7 +79,8 @@ pub fn homeserver_binary_or_skip(test: &str) -> Option<PathBuf> {
 
 /// A real `homeserver` process working in its own folder (SQLite, file blobs, key and
 /// policies there), on a free port. Killed when dropped; its log (`homeserver.log` in
-/// the folder) is printed if the test is failing.
+/// the folder, appended to, so a restart's log follows the first run's) is printed if
+/// the test is failing.
 pub struct Homeserver {
     child: Option<Child>,
     bin: PathBuf,
@@ -126,7 +129,7 @@ impl Homeserver {
         // End-to-end tests make many requests from one address, faster than any person
         // would (rate limits have tests of their own), and several servers may run at
         // once: no fixed metrics port, no DHT.
-        let mut child = Command::new(&self.bin)
+        let child = Command::new(&self.bin)
             .current_dir(dir)
             .env("HOMESERVER__HTTP__LISTEN", format!("127.0.0.1:{port}"))
             .env("HOMESERVER__RATE_LIMIT__ENABLED", "false")
@@ -153,12 +156,9 @@ impl Homeserver {
             .stderr(log)
             .spawn()
             .expect("the homeserver starts");
-        wait_listening(port, &mut child, "homeserver", &self.log);
-        self.child = Some(child);
-    }
-
-    pub fn port(&self) -> u16 {
-        self.port
+        // Kept before waiting, so that a server that never listens is killed on drop.
+        let child = self.child.insert(child);
+        wait_listening(port, child, "homeserver", &self.log);
     }
 
     /// kill -9: the server is gone until [`Self::start_again`].

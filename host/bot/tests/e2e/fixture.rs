@@ -14,12 +14,12 @@ use pk_client::{ListOptions, PkClient};
 use pkbot::post::{PostUri, PubkyAppPost, now_micros, post_id};
 use serde_json::{Value, json};
 
+pub use hs_testkit::{Homeserver, free_port, homeserver_binary_or_skip, wait_listening};
+
 pub const PKBOT: &str = env!("CARGO_BIN_EXE_pkbot");
 
 /// Generous bound for waits (never a timing assertion).
 pub const WAIT: Duration = Duration::from_secs(60);
-
-pub use hs_testkit::{Homeserver, free_port, homeserver_binary_or_skip, wait_listening};
 
 fn repo() -> PathBuf {
     Path::new(env!("CARGO_MANIFEST_DIR")).join("../..")

@@ -8,6 +8,8 @@ use std::process::{Child, Command, Output, Stdio};
 use std::sync::mpsc;
 use std::time::Duration;
 
+pub use hs_testkit::{Homeserver, free_port, homeserver_binary_or_skip};
+
 pub const PK: &str = env!("CARGO_BIN_EXE_pk");
 
 /// A `pk` command with a clean environment: no `PK_*` variables, and a home folder of
@@ -127,8 +129,6 @@ pub fn json_out(o: &Output) -> serde_json::Value {
     serde_json::from_str(stdout(o).trim())
         .unwrap_or_else(|e| panic!("stdout is not one JSON object ({e}): {}", stdout(o)))
 }
-
-pub use hs_testkit::{Homeserver, free_port, homeserver_binary_or_skip};
 
 /// A `pk` process whose standard output is read line by line as it is written.
 pub struct Streaming {

@@ -109,7 +109,7 @@ impl Subscription {
     pub fn from_query(query: StreamQuery, last_event_id: Option<u64>) -> Self {
         let mut users: Vec<UserCursor> = query
             .users
-            .iter()
+            .into_iter()
             .map(|(user, cursor)| UserCursor {
                 user: user.to_z32(),
                 cursor: cursor.unwrap_or(0),

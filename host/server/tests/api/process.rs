@@ -6,6 +6,8 @@ use std::time::Duration;
 
 use crate::fixture::ADMIN_PASSWORD;
 
+pub use hs_testkit::free_port;
+
 pub struct ServerProcess {
     child: Child,
     /// The client API.
@@ -13,8 +15,6 @@ pub struct ServerProcess {
     /// The admin API (password [`ADMIN_PASSWORD`]).
     pub admin: String,
 }
-
-pub use hs_testkit::free_port;
 
 impl ServerProcess {
     /// Starts the binary in `dir` (its working directory: `./data`, `./policies`) on
