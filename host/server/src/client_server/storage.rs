@@ -107,7 +107,7 @@ async fn read(app: AppState, parts: Parts, path: StoragePath) -> Result<Response
         return Ok(response);
     }
     let (entry, stream) = app.storage.open(space, &path, entry).await?;
-    let body = Body::from_stream(stream.map_err(std::io::Error::other));
+    let body = Body::from_stream(stream);
     let mut response = Response::new(body);
     entry_headers(response.headers_mut(), &entry);
     response

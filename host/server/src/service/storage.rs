@@ -13,7 +13,7 @@ use std::sync::Arc;
 use base64::Engine;
 use base64::engine::general_purpose::URL_SAFE_NO_PAD;
 use bytes::Bytes;
-use futures_util::{Stream, StreamExt};
+use futures_util::{Stream, StreamExt, TryStreamExt};
 use homeserver_protocol::event::encode_content_hash;
 use homeserver_protocol::wire::{AccountInfo, DeleteResult, ListEntry, ListResult, PutResult};
 use homeserver_protocol::{BodyHash, PublicKey, StoragePath};
@@ -384,14 +384,17 @@ impl StorageService {
     ) -> Result<
         (
             Entry,
-            futures_util::stream::BoxStream<'static, Result<Bytes, BlobError>>,
+            futures_util::stream::BoxStream<'static, Result<Bytes, std::io::Error>>,
         ),
         ServiceError,
     > {
         let Entry(mut record) = entry;
         for _ in 0..3 {
             match self.blobs.get(&record.blob_key, record.size).await {
-                Ok(stream) => return Ok((Entry(record), stream)),
+                // An I/O error is what a response body reports (the connection ends).
+                Ok(stream) => {
+                    return Ok((Entry(record), stream.map_err(std::io::Error::other).boxed()));
+                }
                 Err(BlobError::NotFound(_)) => {
                     // The cached row may be the stale one: ask the database.
                     self.entry_cache.invalidate(&space.to_z32(), path.as_str());
