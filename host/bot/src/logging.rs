@@ -145,19 +145,7 @@ mod tests {
 
     #[test]
     fn lines_carry_the_spec_fields() {
-        use std::sync::{Arc, Mutex};
-        #[derive(Clone, Default)]
-        struct Sink(Arc<Mutex<Vec<u8>>>);
-        impl std::io::Write for Sink {
-            fn write(&mut self, buf: &[u8]) -> std::io::Result<usize> {
-                self.0.lock().unwrap().extend_from_slice(buf);
-                Ok(buf.len())
-            }
-            fn flush(&mut self) -> std::io::Result<()> {
-                Ok(())
-            }
-        }
-        let sink = Sink::default();
+        let sink = hs_testkit::CapturedLog::default();
         let writer = sink.clone();
         let subscriber = tracing_subscriber::fmt()
             .event_format(SpecJson)
@@ -171,7 +159,7 @@ mod tests {
                 "action done"
             );
         });
-        let text = String::from_utf8(sink.0.lock().unwrap().clone()).unwrap();
+        let text = sink.text();
         let line: Value = serde_json::from_str(text.trim()).unwrap();
         assert_eq!(line["level"], "warn");
         assert_eq!(line["message"], "action done");

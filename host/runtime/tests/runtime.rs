@@ -823,22 +823,10 @@ fn eval_reads_and_writes_json_lines() {
 /// A guest's stderr (here: its panic message) reaches the host log.
 #[test]
 fn guest_panic_message_reaches_the_log() {
-    #[derive(Clone, Default)]
-    struct Captured(Arc<std::sync::Mutex<Vec<u8>>>);
-    impl std::io::Write for Captured {
-        fn write(&mut self, buf: &[u8]) -> std::io::Result<usize> {
-            self.0.lock().unwrap().extend_from_slice(buf);
-            Ok(buf.len())
-        }
-        fn flush(&mut self) -> std::io::Result<()> {
-            Ok(())
-        }
-    }
-
     let dir = policies_dir();
     std::fs::copy(guest("hostile"), dir.path().join("capability-policy.wasm")).unwrap();
     let runtime = PolicyRuntime::load(config(dir.path())).unwrap();
-    let captured = Captured::default();
+    let captured = hs_testkit::CapturedLog::default();
     let writer = captured.clone();
     let subscriber = tracing_subscriber::fmt()
         .with_writer(move || writer.clone())
@@ -857,7 +845,7 @@ fn guest_panic_message_reaches_the_log() {
                 .allow
         );
     });
-    let log = String::from_utf8(captured.0.lock().unwrap().clone()).unwrap();
+    let log = captured.text();
     assert!(log.contains("hostile guest panics on purpose"), "{log}");
     assert!(
         log.contains("slot=\"capability-policy\"") || log.contains("slot=capability-policy"),

@@ -4,9 +4,9 @@
 //! otherwise a new UUID; echoed in the response's `X-Request-Id`, and the field `id` of
 //! a `request` span that the log lines of the request's own task carry, so a 500 a
 //! client reports can be found in the log. The span covers the handler; a response
-//! body that streams afterwards logs without it unless it names the span (the event
-//! stream's failure warning does), and so does work handed to a spawned task (deleting
-//! replaced blobs).
+//! body that streams afterwards logs without it unless it names the id itself (the event
+//! stream's failure warning has a `request_id` field), and so does work handed to a
+//! spawned task (deleting replaced blobs).
 //!
 //! One layer of its own rather than tower-http's three (`SetRequestId`,
 //! `PropagateRequestId`, `Trace`) and a map for the plausibility check: on a router each
@@ -138,20 +138,7 @@ mod tests {
     /// A log line written while a request is handled names the request's span.
     #[test]
     fn log_lines_of_a_request_carry_its_id() {
-        use std::sync::{Arc, Mutex};
-
-        #[derive(Clone, Default)]
-        struct Captured(Arc<Mutex<Vec<u8>>>);
-        impl std::io::Write for Captured {
-            fn write(&mut self, bytes: &[u8]) -> std::io::Result<usize> {
-                self.0.lock().unwrap().extend_from_slice(bytes);
-                Ok(bytes.len())
-            }
-            fn flush(&mut self) -> std::io::Result<()> {
-                Ok(())
-            }
-        }
-        let captured = Captured::default();
+        let captured = hs_testkit::CapturedLog::default();
         let writer = captured.clone();
         let subscriber = tracing_subscriber::fmt()
             .with_env_filter("warn")
@@ -176,7 +163,7 @@ mod tests {
         })
         .unwrap();
         assert_eq!(response.headers()[REQUEST_ID_HEADER], "trace-me-7");
-        let log = String::from_utf8(captured.0.lock().unwrap().clone()).unwrap();
+        let log = captured.text();
         assert!(
             log.contains(r#"request{id=trace-me-7 method=GET path="/x"}"#)
                 && log.contains("inside the handler"),

@@ -1,6 +1,7 @@
 //! What the end-to-end tests of `pk` (host/client/tests/cli) and `pkbot`
 //! (host/bot/tests/e2e) share: a free port, the `homeserver` binary built next to the
-//! test, and a real homeserver process on a throwaway folder. (The server's own suite,
+//! test, and a real homeserver process on a throwaway folder; and, for any test that
+//! checks what was logged, [`CapturedLog`]. (The server's own suite,
 //! host/server/tests/api, has fixtures of its own: most of its servers run in the test
 //! process, and its binary processes need the admin API and `./data`; it shares
 //! `free_port`.)
@@ -10,6 +11,7 @@
 use std::net::{TcpListener, TcpStream};
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
+use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 /// Longest wait for a process to listen (a bound, never a timing assertion).
@@ -187,5 +189,30 @@ impl Drop for Homeserver {
         if std::thread::panicking() {
             eprintln!("--- homeserver log ---\n{}", self.log_text());
         }
+    }
+}
+
+/// Log output kept in memory, for a test to read what was logged: hand
+/// `move || log.clone()` to `tracing_subscriber::fmt().with_writer(...)`.
+#[derive(Debug, Clone, Default)]
+pub struct CapturedLog(Arc<Mutex<Vec<u8>>>);
+
+impl CapturedLog {
+    /// Everything written so far.
+    pub fn text(&self) -> String {
+        let bytes = self.0.lock().unwrap_or_else(|e| e.into_inner());
+        String::from_utf8_lossy(&bytes).into_owned()
+    }
+}
+
+impl std::io::Write for CapturedLog {
+    fn write(&mut self, bytes: &[u8]) -> std::io::Result<usize> {
+        let mut kept = self.0.lock().unwrap_or_else(|e| e.into_inner());
+        kept.extend_from_slice(bytes);
+        Ok(bytes.len())
+    }
+
+    fn flush(&mut self) -> std::io::Result<()> {
+        Ok(())
     }
 }
