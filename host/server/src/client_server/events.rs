@@ -19,6 +19,7 @@ use homeserver_protocol::query::{FeedQuery, StreamQuery};
 use super::AppState;
 use super::error::ApiError;
 use super::middleware::ClientIp;
+use crate::request_id::REQUEST_ID_HEADER;
 use crate::service::events::{Subscription, to_wire};
 
 /// Idle streams get a comment line this often, so proxies keep them open.
@@ -84,46 +85,48 @@ pub async fn stream(State(app): State<AppState>, request: Request) -> Response {
     // write), made of frames the hub serialized once for every subscriber; a comment
     // line when nothing was sent for a while keeps idle streams open through proxies.
     let keep_alive = tokio::time::interval_at(tokio::time::Instant::now() + KEEP_ALIVE, KEEP_ALIVE);
-    // The body streams after this handler has returned, outside the request's span:
-    // its warning names the span itself, so it carries the request id too.
-    let request_span = tracing::Span::current();
+    // The body streams after this handler has returned, outside the request's span: its
+    // one warning names the request id itself (a header value carried along, not the
+    // span kept alive for the stream's lifetime).
+    let request_id = request.headers().get(REQUEST_ID_HEADER).cloned();
     // The slot goes back when the body is dropped (the client left, or shutdown).
     let body = futures_util::stream::unfold(
-        (Box::pin(batches), keep_alive, slot, false),
-        move |(mut batches, mut keep_alive, slot, failed)| {
-            let request_span = request_span.clone();
-            async move {
-                // The error event was the last one: end the stream (the client resumes
-                // from the last id it got).
-                if failed {
-                    return None;
-                }
-                let mut failed = false;
-                let chunk = tokio::select! {
-                    batch = batches.next() => match batch? {
-                        Ok(events) => {
-                            let mut chunk =
-                                BytesMut::with_capacity(events.iter().map(|e| e.frame.len()).sum());
-                            for event in &events {
-                                chunk.extend_from_slice(&event.frame);
-                            }
-                            keep_alive.reset();
-                            chunk.freeze()
-                        }
-                        Err(e) => {
-                            // Headers are sent: say what happened in a final event, then end.
-                            tracing::warn!(parent: &request_span, error = %e, "event stream failed");
-                            failed = true;
-                            Bytes::from_static(STREAM_FAILED)
-                        }
-                    },
-                    _ = keep_alive.tick() => Bytes::from_static(b":\n\n"),
-                };
-                Some((
-                    Ok::<_, Infallible>(chunk),
-                    (batches, keep_alive, slot, failed),
-                ))
+        (Box::pin(batches), keep_alive, slot, false, request_id),
+        |(mut batches, mut keep_alive, slot, failed, request_id)| async move {
+            // The error event was the last one: end the stream (the client resumes
+            // from the last id it got).
+            if failed {
+                return None;
             }
+            let mut failed = false;
+            let chunk = tokio::select! {
+                batch = batches.next() => match batch? {
+                    Ok(events) => {
+                        let mut chunk =
+                            BytesMut::with_capacity(events.iter().map(|e| e.frame.len()).sum());
+                        for event in &events {
+                            chunk.extend_from_slice(&event.frame);
+                        }
+                        keep_alive.reset();
+                        chunk.freeze()
+                    }
+                    Err(e) => {
+                        // Headers are sent: say what happened in a final event, then end.
+                        tracing::warn!(
+                            request_id = request_id.as_ref().and_then(|v| v.to_str().ok()),
+                            error = %e,
+                            "event stream failed"
+                        );
+                        failed = true;
+                        Bytes::from_static(STREAM_FAILED)
+                    }
+                },
+                _ = keep_alive.tick() => Bytes::from_static(b":\n\n"),
+            };
+            Some((
+                Ok::<_, Infallible>(chunk),
+                (batches, keep_alive, slot, failed, request_id),
+            ))
         },
     );
     (
