@@ -23,6 +23,7 @@ use crate::service::entry_cache::EntryCache;
 use crate::service::events::EventHub;
 use crate::service::maintenance::Stores;
 use crate::service::now_secs;
+use crate::service::readiness::{self, ReadinessBoard};
 use crate::service::sessions::{EXPIRED_RETENTION_SECS, SessionService};
 use crate::service::signup::SignupService;
 use crate::service::storage::{StorageLimits, StorageService};
@@ -88,6 +89,8 @@ pub struct AppContext {
     pub identity: crate::service::identity::IdentityService,
     /// What the pkarr publisher did last.
     pub pkarr: Arc<crate::pkarr_publish::PkarrBoard>,
+    /// The last readiness check (`GET /ready`, `hs_backend_up`).
+    pub readiness: ReadinessBoard,
     pub server_key: Keypair,
     /// Users known to exist (a positive cache for rate limiting: keys are free to make,
     /// so only signed-up users get a bucket of their own).
@@ -106,6 +109,35 @@ impl AppContext {
                 true
             }
             _ => false,
+        }
+    }
+
+    /// Checks readiness now (see [`crate::service::readiness`]): keeps the result for
+    /// the probes, sets the gauges, and logs what changed.
+    pub async fn check_readiness(&self) {
+        let (now, before) = self.readiness.check(&self.admin, &self.policy).await;
+        let stores = [
+            ("metadata", &now.backends.metadata),
+            ("blobs", &now.backends.blobs),
+        ];
+        for (label, store) in stores {
+            self.metrics.backend_up(label).set(i64::from(store.is_ok()));
+        }
+        self.metrics.ready.set(i64::from(now.is_ready()));
+        let problems = now.problems();
+        if problems == before.problems() {
+            return;
+        }
+        if problems.is_empty() {
+            tracing::info!("ready: the stores answer and the guests serve");
+        } else {
+            // The causes (host names, paths) go to the log only, never to a probe.
+            tracing::warn!(
+                metadata_error = now.backends.metadata.error.as_deref(),
+                blobs_error = now.backends.blobs.error.as_deref(),
+                "not ready: {}",
+                problems.join("; ")
+            );
         }
     }
 
@@ -185,6 +217,7 @@ impl AppContext {
                 pkarr_board.clone(),
             ),
             pkarr: pkarr_board,
+            readiness: ReadinessBoard::default(),
             events,
             signup: SignupService::new(metadata.clone(), config.signup.mode),
             stores: Stores { metadata, blobs },
@@ -218,6 +251,8 @@ impl Homeserver {
         let storage_lock =
             persistence::lock_local_storage(&config.storage.database_url, &config.storage.blobs)?;
         let context = Arc::new(AppContext::build(config, shutdown.clone()).await?);
+        // So the first probe already hears the truth.
+        context.check_readiness().await;
         let config = &context.config;
 
         // Bind everything first: a port in use fails the start before anything serves.
@@ -322,6 +357,7 @@ impl Homeserver {
         tasks.spawn(context.events.clone().run_tailer());
         tasks.spawn(purge_replay_marks(context.clone(), shutdown.clone()));
         tasks.spawn(sweep_blobs(context.clone(), shutdown.clone()));
+        tasks.spawn(check_readiness(context.clone(), shutdown.clone()));
         // Last: the DHT may be unreachable, and nothing above waits for it.
         crate::pkarr_publish::start(
             &context.config.pkarr,
@@ -576,6 +612,24 @@ async fn purge_replay_marks(context: Arc<AppContext>, stop: CancellationToken) {
             tracing::warn!(error = %e, "purging expired sessions failed");
         }
         context.rate_limits.retain_recent();
+    }
+}
+
+async fn check_readiness(context: Arc<AppContext>, stop: CancellationToken) {
+    let mut tick = tokio::time::interval(readiness::CHECK_INTERVAL);
+    // A check that took the whole storage timeout is followed by a full interval, not
+    // by a burst of checks that were due.
+    tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    tick.tick().await;
+    loop {
+        tokio::select! {
+            _ = stop.cancelled() => return,
+            _ = tick.tick() => {}
+        }
+        tokio::select! {
+            _ = stop.cancelled() => return,
+            _ = context.check_readiness() => {}
+        }
     }
 }
 

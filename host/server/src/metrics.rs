@@ -30,6 +30,10 @@ pub struct Metrics {
     pub pkarr_failing: IntGauge,
     pub pkarr_users_published: IntGauge,
     open_connections: IntGaugeVec,
+    /// 1 while a backing store (`metadata`, `blobs`) answers, as the readiness check
+    /// last saw it; `ready` is 1 while `GET /ready` answers 200.
+    backend_up: IntGaugeVec,
+    pub ready: IntGauge,
     rate_limited: IntCounterVec,
     window: Mutex<MinuteWindow>,
     started: Instant,
@@ -122,6 +126,17 @@ impl Metrics {
             Opts::new("hs_open_connections", "Open connections, by listener."),
             &["listener"],
         )?;
+        let backend_up = IntGaugeVec::new(
+            Opts::new(
+                "hs_backend_up",
+                "1 when the backing store answered the last readiness check (every 2 s), by backend.",
+            ),
+            &["backend"],
+        )?;
+        let ready = IntGauge::new(
+            "hs_ready",
+            "1 when GET /ready answers 200: both stores answer and every guest slot the server calls is served.",
+        )?;
         let rate_limited = IntCounterVec::new(
             Opts::new(
                 "hs_rate_limit_rejections_total",
@@ -138,6 +153,8 @@ impl Metrics {
         registry.register(Box::new(rate_limited.clone()))?;
         registry.register(Box::new(unproven_upload_bytes.clone()))?;
         registry.register(Box::new(open_connections.clone()))?;
+        registry.register(Box::new(backend_up.clone()))?;
+        registry.register(Box::new(ready.clone()))?;
         registry.register(Box::new(pkarr_last_success.clone()))?;
         registry.register(Box::new(pkarr_failing.clone()))?;
         registry.register(Box::new(pkarr_users_published.clone()))?;
@@ -154,6 +171,8 @@ impl Metrics {
             pkarr_failing,
             pkarr_users_published,
             open_connections,
+            backend_up,
+            ready,
             rate_limited,
             window: Mutex::new(MinuteWindow {
                 buckets: [(0, 0); 60],
@@ -165,6 +184,11 @@ impl Metrics {
     /// The open-connections gauge of one listener.
     pub fn open_connections(&self, listener: &str) -> IntGauge {
         self.open_connections.with_label_values(&[listener])
+    }
+
+    /// The up gauge of one backing store (`metadata`, `blobs`).
+    pub fn backend_up(&self, backend: &str) -> IntGauge {
+        self.backend_up.with_label_values(&[backend])
     }
 
     /// Lets other parts (the Wasm runtime) add their own collectors.

@@ -5,6 +5,7 @@ pub mod account;
 pub mod error;
 pub mod events;
 pub mod extract;
+pub mod health;
 pub mod middleware;
 pub mod pkarr;
 pub mod session;
@@ -49,8 +50,15 @@ pub fn router(app: AppState) -> Router {
             middleware::observe_and_limit,
         ))
         .layer(axum::middleware::from_fn(unread_body::close_if_body_unread))
+        .with_state(app.clone());
+    // The probes, outside the rate limit and the request metrics: a balancer probing
+    // every 100 ms must neither be refused nor drown the latency histograms.
+    let probes = Router::new()
+        .route("/health", get(health::live))
+        .route("/ready", get(health::ready))
+        .method_not_allowed_fallback(method_not_allowed)
         .with_state(app);
-    crate::request_id::with_request_ids(router)
+    crate::request_id::with_request_ids(router.merge(probes))
 }
 
 /// The client API's OpenAPI 3.1 document (checked against the routes by

@@ -1,5 +1,7 @@
-//! The metrics server: its own listener, `GET /metrics` in the Prometheus text format.
-//! Gauges kept elsewhere (storage, users, subscribers) are read at scrape time.
+//! The metrics server: its own listener, `GET /metrics` in the Prometheus text format,
+//! and the probes `GET /health` and `GET /ready` (for orchestrators that probe a
+//! private port). Gauges kept elsewhere (storage, users, subscribers) are read at
+//! scrape time.
 
 use std::sync::Arc;
 
@@ -12,11 +14,19 @@ use homeserver_protocol::ErrorCode;
 
 use crate::app::AppContext;
 use crate::client_server::error::ApiError;
+use crate::client_server::health;
 
 pub fn router(app: Arc<AppContext>) -> Router {
     Router::new()
         .route("/metrics", get(metrics))
-        .fallback(|| async { ApiError::new(ErrorCode::NotFound, "metrics are at /metrics") })
+        .route("/health", get(health::live))
+        .route("/ready", get(health::ready))
+        .fallback(|| async {
+            ApiError::new(
+                ErrorCode::NotFound,
+                "metrics are at /metrics (probes: /health, /ready)",
+            )
+        })
         .with_state(app)
 }
 

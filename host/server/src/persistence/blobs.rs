@@ -149,6 +149,8 @@ pub struct BlobStore {
     local_root: Option<PathBuf>,
     write_buffer: usize,
     small: Arc<BlobCache>,
+    /// How long [`BlobStore::ping`] waits for an answer (the storage timeout).
+    ping_timeout: Duration,
 }
 
 impl BlobStore {
@@ -188,6 +190,7 @@ impl BlobStore {
             backend: url.backend(),
             local_root,
             write_buffer,
+            ping_timeout: options.timeout,
             small: Arc::new(BlobCache::with_weighter(
                 (BLOB_CACHE_BYTES / 1024) as usize,
                 BLOB_CACHE_BYTES,
@@ -201,8 +204,21 @@ impl BlobStore {
         self.backend
     }
 
-    /// Checks that the store answers (health and `/admin/stats`).
+    /// Checks that the store answers (readiness and `/admin/stats`), within the storage
+    /// timeout: the client's retries alone could take longer.
     pub async fn ping(&self) -> Result<(), BlobError> {
+        tokio::time::timeout(self.ping_timeout, self.ping_once())
+            .await
+            .unwrap_or_else(|_| {
+                Err(BlobError::Unavailable(format!(
+                    "{} did not answer within {} ms",
+                    self.backend,
+                    self.ping_timeout.as_millis()
+                )))
+            })
+    }
+
+    async fn ping_once(&self) -> Result<(), BlobError> {
         if let Some(root) = &self.local_root {
             return tokio::fs::metadata(root)
                 .await

@@ -8,6 +8,7 @@
 //! - [`upload_staging`]: bounded memory for uploads whose signature is not proven yet.
 //! - [`visibility`]: the policy's public answers, for listings and event streams.
 //! - [`signup`]: registering users.
+//! - [`readiness`]: whether the stores answer and the guests serve (`GET /ready`).
 //! - [`error`]: [`ServiceError`], mapped to HTTP once in `client_server::error`.
 
 pub mod access;
@@ -18,6 +19,7 @@ pub mod error;
 pub mod events;
 pub mod identity;
 pub mod maintenance;
+pub mod readiness;
 pub mod sessions;
 pub mod signup;
 pub mod storage;

@@ -19,6 +19,7 @@ mod deploy;
 mod events;
 mod first_run;
 mod guests;
+mod health;
 mod limits;
 mod listing;
 mod maintenance;
