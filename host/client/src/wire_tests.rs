@@ -176,6 +176,27 @@ async fn put_bytes_is_signed_as_sent() {
     assert_eq!(req.verify().public_key, keypair().public_key());
 }
 
+/// The server also reads `%2F` as `/` (for generated clients); this client never needs
+/// the escape: nested paths go out, and are signed, with plain slashes.
+#[tokio::test]
+async fn nested_paths_are_sent_with_plain_slashes() {
+    let (base, seen) = serve(Arc::new(put_ok)).await;
+    let client = PkClient::new(&base, Some(keypair())).unwrap();
+    client
+        .put_bytes("/pub/example.com/hello.txt", "hi")
+        .await
+        .unwrap();
+    let req = seen.lock().unwrap()[0].clone();
+    assert_eq!(req.target, "/pub/example.com/hello.txt");
+    req.verify();
+    // An escaped path is not a path the client takes from its caller.
+    assert!(matches!(
+        client.put_bytes("/pub/example.com%2Fhello.txt", "hi").await,
+        Err(ClientError::InvalidPath { .. })
+    ));
+    assert_eq!(seen.lock().unwrap().len(), 1);
+}
+
 #[tokio::test]
 async fn identical_puts_get_distinct_signatures() {
     let (base, seen) = serve(Arc::new(put_ok)).await;

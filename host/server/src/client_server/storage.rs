@@ -34,7 +34,9 @@ async fn dispatch(app: AppState, request: Request) -> Result<Response, ApiError>
     if !(raw_path.starts_with("/pub") || raw_path.starts_with("/private")) {
         return Err(ApiError::not_found_route());
     }
-    let path = StoragePath::parse(raw_path)
+    // The one canonical path (`%2F` read as `/`) is all that services, policies, quotas,
+    // events and listings see; only the signature check reads the target as sent.
+    let path = StoragePath::from_request_path(raw_path)
         .map_err(|e| ApiError::new(ErrorCode::InvalidPath, e.to_string()))?;
     let (parts, body) = request.into_parts();
     match parts.method {

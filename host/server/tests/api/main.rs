@@ -16,6 +16,7 @@ mod auth;
 mod concurrency;
 mod crash;
 mod deploy;
+mod escaped_paths;
 mod events;
 mod first_run;
 mod guests;
