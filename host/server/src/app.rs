@@ -55,6 +55,8 @@ pub enum StartError {
     Tls(#[from] tls::TlsError),
     #[error(transparent)]
     StorageInUse(#[from] crate::persistence::LockError),
+    #[error(transparent)]
+    RelativePaths(#[from] crate::local_paths::RelativeInRoot),
     #[error(
         "{0}\nFix or remove the module (a slot with no module in policies.toml is served by \
          the built-in guest), check it with `homeserver policy check FILE --slot SLOT`, or \
@@ -247,6 +249,10 @@ impl Homeserver {
     /// Builds the context, binds every listener, then starts serving.
     pub async fn start(config: Config) -> Result<Self, StartError> {
         let shutdown = CancellationToken::new();
+        // Before anything is created: relative paths from `/` (a service without a
+        // working directory) are refused; otherwise say where the files are.
+        let local = crate::local_paths::resolve_here(&config)?;
+        tracing::info!("local files: {}", crate::local_paths::describe(&local));
         // Before anything opens the stores: a second server on them is refused.
         let storage_lock =
             persistence::lock_local_storage(&config.storage.database_url, &config.storage.blobs)?;

@@ -3,9 +3,9 @@
 use std::process::ExitCode;
 
 use clap::Parser;
-use homeserver::Homeserver;
 use homeserver::cli::{Cli, Command};
 use homeserver::config::{Config, LogFormat};
+use homeserver::{Homeserver, StartError};
 use tracing_subscriber::EnvFilter;
 
 #[tokio::main]
@@ -64,7 +64,12 @@ async fn main() -> ExitCode {
         Err(e) => {
             tracing::error!("{e}");
             eprintln!("homeserver: {e}");
-            ExitCode::FAILURE
+            match e {
+                // A configuration refused, like one that does not parse: exit code 2,
+                // which the systemd unit does not restart in a loop.
+                StartError::RelativePaths(_) => ExitCode::from(2),
+                _ => ExitCode::FAILURE,
+            }
         }
     }
 }

@@ -30,6 +30,7 @@ pub async fn run(config: Config, command: Command) -> ExitCode {
 /// The stores of `config`, locked when local.
 async fn open(config: &Config) -> Result<(Stores, LocalStorageLock), String> {
     let storage = &config.storage;
+    crate::local_paths::resolve_here(config).map_err(|e| e.to_string())?;
     let lock = persistence::lock_local_storage(&storage.database_url, &storage.blobs)
         .map_err(|e| e.to_string())?;
     let options = storage.backend_options();

@@ -332,3 +332,74 @@ async fn every_answer_carries_a_request_id() {
         .unwrap();
     assert_eq!(id(&r).len(), 36);
 }
+
+/// The real binary with the embedded defaults: started in `/` (a service without a
+/// working directory) it refuses before creating anything and names each relative
+/// setting; started elsewhere it logs where its files are, as absolute paths.
+#[tokio::test]
+async fn relative_paths_are_refused_in_the_root_directory_and_resolved_elsewhere() {
+    use std::process::{Command, Stdio};
+
+    let server = |dir: &std::path::Path| {
+        let mut command = Command::new(env!("CARGO_BIN_EXE_homeserver"));
+        command
+            .current_dir(dir)
+            .env(
+                "HOMESERVER__HTTP__LISTEN",
+                format!("127.0.0.1:{}", crate::process::free_port()),
+            )
+            .env("HOMESERVER__METRICS__LISTEN", "")
+            .env("HOMESERVER__PKARR__ENABLED", "false")
+            .env("RUST_LOG", "info")
+            .env_remove("HOMESERVER__ADMIN__PASSWORD")
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped());
+        command
+    };
+
+    let data_existed = std::path::Path::new("/data").exists();
+    let out = tokio::task::spawn_blocking(move || server(std::path::Path::new("/")).output())
+        .await
+        .unwrap()
+        .unwrap();
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(2), "{stderr}");
+    for setting in [
+        "storage.database_url = data/hs.db",
+        "storage.blobs = data/blobs",
+        "keys.secret_key_file = data/server.key",
+        "policies.dir = policies",
+        "policies.cache_dir = data/guest-cache",
+    ] {
+        assert!(stderr.contains(setting), "{setting} not named: {stderr}");
+    }
+    if !data_existed {
+        assert!(!std::path::Path::new("/data").exists(), "it created /data");
+    }
+
+    // Elsewhere the same defaults serve, and the log says where the files are.
+    let dir = tempfile::tempdir().unwrap();
+    let mut child = server(dir.path()).stderr(Stdio::null()).spawn().unwrap();
+    let stdout = child.stdout.take().unwrap();
+    let reader = tokio::task::spawn_blocking(move || {
+        use std::io::BufRead;
+        std::io::BufReader::new(stdout)
+            .lines()
+            .map_while(Result::ok)
+            .find(|line| line.contains("local files:"))
+    });
+    let line = tokio::time::timeout(std::time::Duration::from_secs(60), reader).await;
+    let _ = child.kill();
+    let _ = child.wait();
+    let line = line
+        .expect("no `local files` line within 60 s")
+        .unwrap()
+        .expect("no `local files` line before the server's output ended");
+    let root = dir.path().display();
+    assert!(
+        line.contains(&format!(
+            "database {root}/data/hs.db, blobs {root}/data/blobs, server key {root}/data/server.key, policies {root}/policies"
+        )),
+        "{line}"
+    );
+}
