@@ -39,3 +39,46 @@ async fn the_scale_out_example_starts_and_serves() {
     let r = host.public_get(&alice, "/pub/hello").await;
     assert_eq!(r.text().await.unwrap(), "world");
 }
+
+/// The Debian package's files (host/server/debian, docs/deploy.md "The Debian package"):
+/// its config names only absolute paths where the unit lets the server write, so a
+/// server that systemd starts in `/` neither refuses it nor writes elsewhere.
+#[test]
+fn the_packaged_config_and_unit_agree() {
+    let debian = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("debian");
+    let config = Config::load_file_only(&debian.join("config.toml"))
+        .expect("the packaged config is a valid config");
+    let paths = homeserver::local_paths::resolve(&config, std::path::Path::new("/"))
+        .expect("the packaged config starts in / (where systemd starts services)");
+    assert_eq!(paths.len(), 5, "{paths:?}");
+    for path in &paths {
+        let readable = path.setting == "policies.dir";
+        let root = if readable {
+            "/etc/homeserver/"
+        } else {
+            "/var/lib/homeserver/"
+        };
+        assert!(path.path.starts_with(root), "{path:?} is not under {root}");
+    }
+
+    let unit = std::fs::read_to_string(debian.join("homeserver.service")).unwrap();
+    let value = |key: &str| {
+        let prefix = format!("{key}=");
+        unit.lines()
+            .filter_map(|line| line.strip_prefix(prefix.as_str()))
+            .next_back()
+            .unwrap_or_else(|| panic!("the unit names no {key}"))
+            .to_owned()
+    };
+    assert_eq!(
+        value("ExecStart"),
+        "/usr/bin/homeserver --config /etc/homeserver/config.toml"
+    );
+    assert_eq!(value("WorkingDirectory"), "/var/lib/homeserver");
+    assert_eq!(value("ReadWritePaths"), "/var/lib/homeserver");
+    assert_eq!(value("StateDirectory"), "homeserver");
+    assert_eq!(value("ProtectSystem"), "strict");
+    assert_eq!(value("EnvironmentFile"), "-/etc/homeserver/env");
+    // Exit code 2: a configuration the server refused; restarting would not help.
+    assert_eq!(value("RestartPreventExitStatus"), "2");
+}
