@@ -31,9 +31,17 @@ use crate::{admin_server, client_server, metrics_server, serve, tls};
 
 /// How often expired replay marks are purged.
 const REPLAY_PURGE_INTERVAL: Duration = Duration::from_secs(60);
-/// How often unreferenced blobs are swept (how old one must be to go:
-/// `Config::orphan_min_age`).
+/// How often the whole blob store is walked for unreferenced blobs (how old one must be
+/// to go: `Config::orphan_min_age`).
 const BLOB_SWEEP_INTERVAL: Duration = Duration::from_secs(3600);
+/// How often retired blobs whose grace has passed are deleted (an indexed query: cheap),
+/// at most; sooner when `storage.blob_grace_secs` is shorter.
+const RETIRED_SWEEP_INTERVAL: Duration = Duration::from_secs(60);
+/// The lease that makes one instance at a time sweep a shared store, and how long it
+/// lasts unless renewed: an instance that dies holding it is replaced after this. (Two
+/// sweeps at once would only repeat work: deleting a blob twice is harmless.)
+const SWEEP_LEASE: &str = "blob-sweep";
+const SWEEP_LEASE_SECS: i64 = 300;
 
 #[derive(Debug, thiserror::Error)]
 pub enum StartError {
@@ -640,24 +648,54 @@ async fn check_readiness(context: Arc<AppContext>, stop: CancellationToken) {
 }
 
 async fn sweep_blobs(context: Arc<AppContext>, stop: CancellationToken) {
-    let mut tick = tokio::time::interval(BLOB_SWEEP_INTERVAL);
+    let metadata = context.stores.metadata.clone();
+    let blobs = context.stores.blobs.clone();
+    let grace = Duration::from_secs(context.config.storage.blob_grace_secs);
+    let orphan_min_age = context.config.orphan_min_age();
+    // This process's name on the lease.
+    let holder = uuid::Uuid::new_v4().to_string();
+    let mut tick =
+        tokio::time::interval(RETIRED_SWEEP_INTERVAL.min(grace.max(Duration::from_secs(1))));
+    tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    // The first walk for orphans comes at the first tick that holds the lease.
+    let mut next_walk = tokio::time::Instant::now();
     loop {
         tokio::select! {
-            _ = stop.cancelled() => return,
+            _ = stop.cancelled() => break,
             _ = tick.tick() => {}
         }
-        match context
-            .stores
-            .blobs
-            .sweep(
-                context.stores.metadata.as_ref(),
-                context.config.orphan_min_age(),
-            )
+        let now = now_secs();
+        match metadata
+            .take_lease(SWEEP_LEASE, &holder, now, now + SWEEP_LEASE_SECS)
             .await
         {
-            Ok(0) => {}
-            Ok(n) => tracing::info!(removed = n, "swept unreferenced blobs"),
-            Err(e) => tracing::warn!(error = %e, "blob sweep failed"),
+            Ok(true) => {}
+            // Another instance sweeps.
+            Ok(false) => continue,
+            Err(e) => {
+                tracing::warn!(error = %e, "blob sweep: could not take its lease");
+                continue;
+            }
         }
+        match blobs.sweep_retired(metadata.as_ref(), grace).await {
+            Ok(0) => {}
+            Ok(n) => tracing::debug!(
+                removed = n,
+                "deleted replaced values past their grace period"
+            ),
+            Err(e) => tracing::warn!(error = %e, "blob sweep (retired values) failed"),
+        }
+        if tokio::time::Instant::now() >= next_walk {
+            next_walk = tokio::time::Instant::now() + BLOB_SWEEP_INTERVAL;
+            match blobs.sweep(metadata.as_ref(), orphan_min_age).await {
+                Ok(0) => {}
+                Ok(n) => tracing::info!(removed = n, "swept unreferenced blobs"),
+                Err(e) => tracing::warn!(error = %e, "blob sweep failed"),
+            }
+        }
+    }
+    // Let another instance take over at once.
+    if let Err(e) = metadata.release_lease(SWEEP_LEASE, &holder).await {
+        tracing::debug!(error = %e, "blob sweep: could not release its lease");
     }
 }

@@ -192,6 +192,10 @@ pub struct StorageConfig {
     /// Milliseconds between looks for events this process was not told about: another
     /// instance's commits whose PostgreSQL notification was lost (a reconnect).
     pub events_poll_ms: u64,
+    /// Seconds a value replaced or deleted stays in the blob store before the sweep
+    /// deletes it: a database snapshot plus a blob copy finished within this restores
+    /// every value the snapshot points at.
+    pub blob_grace_secs: u64,
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]

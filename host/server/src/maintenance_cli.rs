@@ -210,8 +210,9 @@ async fn execute(config: Config, command: Command) -> Result<ExitCode, String> {
 
 fn print_fsck(report: &maintenance::FsckReport) {
     println!(
-        "{} users, {} entries ({} bytes), {} stored values",
-        report.users, report.entries, report.bytes, report.blobs
+        "{} users, {} entries ({} bytes), {} stored values ({} replaced or deleted, kept \
+         for storage.blob_grace_secs)",
+        report.users, report.entries, report.bytes, report.blobs, report.retired_blobs
     );
     for m in &report.missing_blobs {
         println!("MISSING VALUE  {}{} (blob {})", m.user, m.path, m.blob_key);

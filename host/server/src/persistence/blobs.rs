@@ -2,10 +2,17 @@
 //! S3-compatible store (AWS S3, MinIO, Garage, Ceph, ...) for several instances.
 //!
 //! Every PUT writes a new blob under a fresh key `<user>/<uuid v7>` and the metadata
-//! commit then points the entry at it; the replaced blob is deleted after the commit.
-//! So a crash can leave an unreferenced blob (garbage, removed by [`BlobStore::sweep`])
-//! but never an entry pointing at a missing or partial blob: object_store writes a blob
-//! to a staging file and renames it into place only when it is complete.
+//! commit then points the entry at it. So a crash can leave an unreferenced blob
+//! (garbage, removed by [`BlobStore::sweep`]) but never an entry pointing at a missing
+//! or partial blob: object_store writes a blob to a staging file and renames it into
+//! place only when it is complete.
+//!
+//! A blob an overwrite or a delete leaves unreferenced is not deleted with its commit:
+//! the commit records it as retired, and [`BlobStore::sweep_retired`] deletes it once
+//! the grace period (`storage.blob_grace_secs`) has passed. So a copy of the blobs
+//! finished within that time after a database snapshot has every value the snapshot
+//! points at (an online backup restores), and a reader that fetched an entry just
+//! before an overwrite still finds its bytes.
 
 use std::path::{Path as FsPath, PathBuf};
 use std::sync::Arc;
@@ -23,7 +30,7 @@ use object_store::{ClientOptions, GetResultPayload, ObjectStore, ObjectStoreExt,
 use tokio::io::AsyncWriteExt;
 
 use super::BackendOptions;
-use super::metadata::MetadataStore;
+use super::metadata::{BlobState, MetadataStore};
 use super::url::{BlobsUrl, S3Settings};
 
 /// Bytes buffered before a blob write turns into a multipart upload. Small values are
@@ -311,9 +318,44 @@ impl BlobStore {
         }
     }
 
-    /// Removes what a crash can leave behind: blobs no entry points at (older than
-    /// `min_age`, so uploads still in flight elsewhere are spared) and, on the local
-    /// filesystem, staging files of interrupted uploads. Returns how many it removed.
+    /// Deletes the retired blobs whose grace period has passed, then forgets their
+    /// records, a page at a time. A crash between the two leaves records whose blobs are
+    /// gone: the next pass deletes nothing for them (a missing blob is no error) and
+    /// forgets them. Returns how many records it forgot.
+    pub async fn sweep_retired(
+        &self,
+        metadata: &dyn MetadataStore,
+        grace: Duration,
+    ) -> Result<u64, BlobError> {
+        let before = chrono_cutoff(grace);
+        let mut forgotten = 0;
+        loop {
+            let keys = metadata
+                .retired_blobs(before, RETIRED_PAGE)
+                .await
+                .map_err(metadata_error)?;
+            if keys.is_empty() {
+                return Ok(forgotten);
+            }
+            for key in &keys {
+                // Keys are never reused, so a retired blob is never referenced again;
+                // checked all the same (an operator's repair could have re-pointed one).
+                let state = metadata.blob_state(key).await.map_err(metadata_error)?;
+                if state != BlobState::Referenced {
+                    self.delete(key).await?;
+                }
+            }
+            forgotten += metadata
+                .forget_retired_blobs(&keys)
+                .await
+                .map_err(metadata_error)?;
+        }
+    }
+
+    /// Removes what a crash can leave behind: blobs no entry points at and that are not
+    /// retired (older than `min_age`, so uploads still in flight elsewhere are spared)
+    /// and, on the local filesystem, staging files of interrupted uploads. Retired
+    /// blobs are [`BlobStore::sweep_retired`]'s. Returns how many it removed.
     pub async fn sweep(
         &self,
         metadata: &dyn MetadataStore,
@@ -334,13 +376,10 @@ impl BlobStore {
                 continue;
             }
             let key = meta.key;
-            match metadata.blob_referenced(&key).await {
-                Ok(true) => {}
-                Ok(false) => {
-                    self.delete(&key).await?;
-                    removed += 1;
-                }
-                Err(e) => return Err(BlobError::Config(e.to_string())),
+            // Referenced and retired in one read: an overwrite commits both at once.
+            if metadata.blob_state(&key).await.map_err(metadata_error)? == BlobState::Unknown {
+                self.delete(&key).await?;
+                removed += 1;
             }
         }
         Ok(removed)
@@ -390,6 +429,18 @@ pub fn open_s3(
         .with_retry(retry)
         .build()
         .map_err(|e| BlobError::Config(format!("S3 bucket {bucket}: {e}")))
+}
+
+/// Retirement records handled at a time by [`BlobStore::sweep_retired`].
+const RETIRED_PAGE: u32 = 500;
+
+/// A metadata error met by a sweep (which answers in blob-store terms).
+fn metadata_error(e: super::StoreError) -> BlobError {
+    if e.is_unavailable() {
+        BlobError::Unavailable(format!("metadata: {e}"))
+    } else {
+        BlobError::Config(format!("metadata: {e}"))
+    }
 }
 
 fn chrono_cutoff(min_age: Duration) -> i64 {

@@ -21,8 +21,8 @@ use tokio::sync::Notify;
 
 use super::group_commit::CommitQueue;
 use super::metadata::{
-    EntryRange, EntryRecord, EventQuery, EventRecord, MetadataStore, NewEvent, Procedure,
-    ProcedureOutput, ReplayMark, ReverseEventQuery, SessionRecord, SignupTokenRecord,
+    BlobState, EntryRange, EntryRecord, EventQuery, EventRecord, MetadataStore, NewEvent,
+    Procedure, ProcedureOutput, ReplayMark, ReverseEventQuery, SessionRecord, SignupTokenRecord,
     SignupTokenRow, StoreError, StoreStats, TokenRedemption, UserRecord, WriteContext, WriteTx,
     run_alone,
 };
@@ -146,6 +146,11 @@ impl_with_deadline! {
         fn entry(user: &str, path: &str) -> Option<EntryRecord>;
         fn entries(range: EntryRange<'_>) -> Vec<EntryRecord>;
         fn blob_referenced(blob_key: &str) -> bool;
+        fn blob_state(blob_key: &str) -> BlobState;
+        fn retired_blobs(retired_before: i64, limit: u32) -> Vec<String>;
+        fn forget_retired_blobs(blob_keys: &[String]) -> u64;
+        fn take_lease(name: &str, holder: &str, now: i64, expires_at: i64) -> bool;
+        fn release_lease(name: &str, holder: &str) -> ();
         fn session(token_hash: &[u8; 32]) -> Option<SessionRecord>;
         fn delete_session(token_hash: &[u8; 32]) -> bool;
         fn active_sessions(now: i64) -> u64;
@@ -200,6 +205,7 @@ impl_with_deadline! {
         fn remove_all_entries(user: &str) -> Vec<EntryRecord>;
         fn insert_session(session: &SessionRecord) -> ();
         fn sum_entry_sizes(user: &str) -> u64;
+        fn retire_blobs(blob_keys: &[&str], at: i64) -> ();
         fn append_events(events: &[NewEvent<'_>]) -> ();
     }
 }

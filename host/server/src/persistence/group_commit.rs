@@ -267,6 +267,9 @@ impl WriteTx for EventsLast {
     async fn sum_entry_sizes(&mut self, user: &str) -> Result<u64, StoreError> {
         self.inner.sum_entry_sizes(user).await
     }
+    async fn retire_blobs(&mut self, blob_keys: &[&str], at: i64) -> Result<(), StoreError> {
+        self.inner.retire_blobs(blob_keys, at).await
+    }
     async fn append_events(&mut self, events: &[NewEvent<'_>]) -> Result<(), StoreError> {
         self.events.extend(events.iter().map(|e| OwnedEvent {
             user: e.user.to_owned(),
@@ -356,6 +359,9 @@ mod tests {
             unreachable!()
         }
         async fn sum_entry_sizes(&mut self, _: &str) -> Result<u64, StoreError> {
+            unreachable!()
+        }
+        async fn retire_blobs(&mut self, _: &[&str], _: i64) -> Result<(), StoreError> {
             unreachable!()
         }
         async fn append_events(&mut self, events: &[NewEvent<'_>]) -> Result<(), StoreError> {

@@ -23,6 +23,12 @@
 //!   changes. Every other outcome (applied or refused) commits the mark: a verified
 //!   signature is spent once decided, so a refused request cannot succeed on a replay
 //!   after the reason for its refusal is gone (space freed, user re-enabled).
+//! - **Replaced values are retired, not deleted.** A procedure that leaves a blob
+//!   unreferenced (overwrite, DELETE, account deletion) records it with
+//!   [`WriteTx::retire_blobs`] in its own transaction; the blob sweep deletes it once the
+//!   grace period has passed ([`MetadataStore::retired_blobs`]), then forgets the record.
+//!   [`MetadataStore::blob_state`] tells referenced, retired and unknown blobs apart in
+//!   one read, so a sweep never mistakes a retired blob for garbage.
 //! - **Failures are typed.** [`StoreError::Unavailable`] means the backend cannot be
 //!   reached or is overloaded (the caller may retry: 503); anything else is
 //!   [`StoreError::Internal`] (500).
@@ -103,7 +109,8 @@ pub struct QuotaExceeded {
 pub enum PutOutcome {
     Committed {
         created_at: i64,
-        /// The blob the entry pointed at before, now unreferenced.
+        /// The blob the entry pointed at before, now unreferenced (retired in the same
+        /// transaction; the sweep deletes it after the grace period).
         replaced_blob: Option<String>,
     },
     QuotaExceeded(QuotaExceeded),
@@ -128,6 +135,18 @@ pub enum SignupOutcome {
     Replayed,
     TokenUnknown,
     TokenUsed,
+}
+
+/// What the metadata says of a blob key (one consistent read).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum BlobState {
+    /// An entry points at it.
+    Referenced,
+    /// Unreferenced since `retired_at` (Unix seconds) by an overwrite or a delete; kept
+    /// until the grace period has passed.
+    Retired { retired_at: i64 },
+    /// Neither: garbage (an upload whose commit never happened), or an upload in flight.
+    Unknown,
 }
 
 /// What redeeming a signup token found.
@@ -396,6 +415,10 @@ pub trait WriteTx: Send {
     /// The sum of the sizes of a user's entries (what `used_bytes` must equal).
     async fn sum_entry_sizes(&mut self, user: &str) -> Result<u64, StoreError>;
 
+    /// Records blobs this transaction made unreferenced, retired at `at` (Unix seconds):
+    /// the sweep deletes them once the grace period has passed.
+    async fn retire_blobs(&mut self, blob_keys: &[&str], at: i64) -> Result<(), StoreError>;
+
     /// Appends events in the given order, assigning cursors in commit order. Call it as
     /// the transaction's last step: a backend shared by several instances serializes
     /// cursor assignment from here until commit.
@@ -452,6 +475,35 @@ pub trait MetadataStore: Send + Sync + 'static {
 
     /// Whether any entry points at this blob.
     async fn blob_referenced(&self, blob_key: &str) -> Result<bool, StoreError>;
+
+    /// Whether the blob is referenced, retired or unknown, read at one moment (an
+    /// overwrite commits both the new reference and the retirement of the old blob).
+    async fn blob_state(&self, blob_key: &str) -> Result<BlobState, StoreError>;
+
+    /// Retired blobs whose `retired_at` is at or before `retired_before`, oldest first,
+    /// at most `limit`.
+    async fn retired_blobs(
+        &self,
+        retired_before: i64,
+        limit: u32,
+    ) -> Result<Vec<String>, StoreError>;
+
+    /// Forgets retirement records (after their blobs were deleted); how many went.
+    async fn forget_retired_blobs(&self, blob_keys: &[String]) -> Result<u64, StoreError>;
+
+    /// Takes (or renews) the lease `name` for `holder` until `expires_at`, if it is free,
+    /// expired at `now`, or `holder`'s already; true when `holder` holds it now. Work
+    /// that several instances could do, one at a time (the blob sweep).
+    async fn take_lease(
+        &self,
+        name: &str,
+        holder: &str,
+        now: i64,
+        expires_at: i64,
+    ) -> Result<bool, StoreError>;
+
+    /// Gives the lease up if `holder` holds it.
+    async fn release_lease(&self, name: &str, holder: &str) -> Result<(), StoreError>;
 
     async fn session(&self, token_hash: &[u8; 32]) -> Result<Option<SessionRecord>, StoreError>;
 
@@ -588,8 +640,8 @@ pub trait MetadataWrites {
     /// procedure, so it cannot be replayed later. False when already seen.
     async fn mark_signature(&self, mark: ReplayMark) -> Result<bool, StoreError>;
 
-    /// Deletes a user with all entries, writing a DEL event per entry (path order).
-    /// Returns the blob keys to delete, or None when the user is unknown.
+    /// Deletes a user with all entries, writing a DEL event per entry (path order) and
+    /// retiring their blobs. Returns those blob keys, or None when the user is unknown.
     async fn delete_account(&self, user: &str, now: i64)
     -> Result<Option<Vec<String>>, StoreError>;
 

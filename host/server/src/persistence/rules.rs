@@ -7,6 +7,8 @@
 //! replay-mark contract in [`super::metadata`]). So a procedure never needs a rollback,
 //! and procedures of several requests could share one transaction (group commit). Each
 //! locks the user's row before reading what it decides on, and appends its events last.
+//! A blob a procedure leaves unreferenced is retired in the same transaction, never
+//! deleted here: the sweep deletes it after the grace period (see `super::blobs`).
 
 use homeserver_protocol::event::EventKind;
 
@@ -80,6 +82,9 @@ pub async fn put(
     )
     .await?;
     tx.set_usage(entry.user, used_after, entry.now).await?;
+    if let Some(old) = &old {
+        tx.retire_blobs(&[&old.blob_key], entry.now).await?;
+    }
     tx.append_events(&[NewEvent {
         user: entry.user,
         path: entry.path,
@@ -115,6 +120,7 @@ pub async fn delete(
     };
     tx.set_usage(user, owner.used_bytes.saturating_sub(old.size), now)
         .await?;
+    tx.retire_blobs(&[&old.blob_key], now).await?;
     tx.append_events(&[NewEvent {
         user,
         path,
@@ -196,6 +202,8 @@ pub async fn delete_account(
     }
     let removed = tx.remove_all_entries(user).await?;
     tx.delete_user(user).await?;
+    let blobs: Vec<&str> = removed.iter().map(|e| e.blob_key.as_str()).collect();
+    tx.retire_blobs(&blobs, now).await?;
     let events: Vec<NewEvent<'_>> = removed
         .iter()
         .map(|e| NewEvent {

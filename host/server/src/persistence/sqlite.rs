@@ -20,9 +20,9 @@ use sqlx::{Row, Sqlite, Transaction};
 use homeserver_protocol::event::EventKind;
 
 use super::metadata::{
-    EntryRange, EntryRecord, EventQuery, EventRecord, MetadataStore, NewEvent, ReplayMark,
-    ReverseEventQuery, SessionRecord, SignupTokenRecord, SignupTokenRow, StoreError, StoreStats,
-    TokenRedemption, UserCursor, UserRecord, WriteContext, WriteTx,
+    BlobState, EntryRange, EntryRecord, EventQuery, EventRecord, MetadataStore, NewEvent,
+    ReplayMark, ReverseEventQuery, SessionRecord, SignupTokenRecord, SignupTokenRow, StoreError,
+    StoreStats, TokenRedemption, UserCursor, UserRecord, WriteContext, WriteTx,
 };
 
 static MIGRATOR: sqlx::migrate::Migrator = sqlx::migrate!("./migrations/sqlite");
@@ -408,6 +408,20 @@ impl WriteTx for SqliteWriteTx {
         Ok(to_u64(sum))
     }
 
+    async fn retire_blobs(&mut self, blob_keys: &[&str], at: i64) -> Result<(), StoreError> {
+        for chunk in blob_keys.chunks(1000) {
+            let mut sql = sqlx::QueryBuilder::<Sqlite>::new(
+                "INSERT INTO retired_blobs (blob_key, retired_at) ",
+            );
+            sql.push_values(chunk, |mut row, key| {
+                row.push_bind(*key).push_bind(at);
+            });
+            sql.push(" ON CONFLICT (blob_key) DO NOTHING");
+            sql.build().execute(&mut *self.0).await.map_err(map_err)?;
+        }
+        Ok(())
+    }
+
     async fn append_events(&mut self, events: &[NewEvent<'_>]) -> Result<(), StoreError> {
         // SQLite allows 32766 bound values a statement; 5 an event.
         for chunk in events.chunks(1000) {
@@ -528,6 +542,93 @@ impl MetadataStore for SqliteStore {
             .await
             .map_err(map_err)?;
         Ok(found.is_some())
+    }
+
+    async fn blob_state(&self, blob_key: &str) -> Result<BlobState, StoreError> {
+        let row = sqlx::query(
+            "SELECT (SELECT 1 FROM entries WHERE blob_key = ?1 LIMIT 1) AS referenced, \
+             (SELECT retired_at FROM retired_blobs WHERE blob_key = ?1) AS retired_at",
+        )
+        .bind(blob_key)
+        .fetch_one(&self.reader)
+        .await
+        .map_err(map_err)?;
+        let referenced: Option<i64> = row.try_get("referenced").map_err(map_err)?;
+        let retired_at: Option<i64> = row.try_get("retired_at").map_err(map_err)?;
+        Ok(match (referenced, retired_at) {
+            (Some(_), _) => BlobState::Referenced,
+            (None, Some(retired_at)) => BlobState::Retired { retired_at },
+            (None, None) => BlobState::Unknown,
+        })
+    }
+
+    async fn retired_blobs(
+        &self,
+        retired_before: i64,
+        limit: u32,
+    ) -> Result<Vec<String>, StoreError> {
+        sqlx::query_scalar(
+            "SELECT blob_key FROM retired_blobs WHERE retired_at <= ? \
+             ORDER BY retired_at, blob_key LIMIT ?",
+        )
+        .bind(retired_before)
+        .bind(i64::from(limit))
+        .fetch_all(&self.reader)
+        .await
+        .map_err(map_err)
+    }
+
+    async fn forget_retired_blobs(&self, blob_keys: &[String]) -> Result<u64, StoreError> {
+        let mut forgotten = 0;
+        for chunk in blob_keys.chunks(1000) {
+            let mut sql =
+                sqlx::QueryBuilder::<Sqlite>::new("DELETE FROM retired_blobs WHERE blob_key IN (");
+            let mut keys = sql.separated(", ");
+            for key in chunk {
+                keys.push_bind(key);
+            }
+            sql.push(")");
+            forgotten += sql
+                .build()
+                .execute(&self.writer)
+                .await
+                .map_err(map_err)?
+                .rows_affected();
+        }
+        Ok(forgotten)
+    }
+
+    async fn take_lease(
+        &self,
+        name: &str,
+        holder: &str,
+        now: i64,
+        expires_at: i64,
+    ) -> Result<bool, StoreError> {
+        let done = sqlx::query(
+            "INSERT INTO leases (name, holder, expires_at) VALUES (?1, ?2, ?3) \
+             ON CONFLICT (name) DO UPDATE SET holder = excluded.holder, \
+             expires_at = excluded.expires_at \
+             WHERE leases.expires_at <= ?4 OR leases.holder = excluded.holder",
+        )
+        .bind(name)
+        .bind(holder)
+        .bind(expires_at)
+        .bind(now)
+        .execute(&self.writer)
+        .await
+        .map_err(map_err)?;
+        Ok(done.rows_affected() == 1)
+    }
+
+    async fn release_lease(&self, name: &str, holder: &str) -> Result<(), StoreError> {
+        sqlx::query("DELETE FROM leases WHERE name = ? AND holder = ?")
+            .bind(name)
+            .bind(holder)
+            .execute(&self.writer)
+            .await
+            .map_err(map_err)?;
+        Ok(())
     }
 
     async fn session(&self, token_hash: &[u8; 32]) -> Result<Option<SessionRecord>, StoreError> {

@@ -282,8 +282,8 @@ impl AdminService {
         self.user(key).await
     }
 
-    /// Deletes the user and every entry in one transaction (a DEL event each), then the
-    /// blobs. The key may sign up again later, with an empty space.
+    /// Deletes the user and every entry in one transaction (a DEL event each, their
+    /// blobs retired for the sweep). The key may sign up again later, with an empty space.
     pub async fn delete_account(&self, key: &PublicKey) -> Result<DeletedAccount, ServiceError> {
         let blobs = self
             .metadata
@@ -294,15 +294,8 @@ impl AdminService {
         self.entry_cache.clear();
         self.sessions.forget_all();
         self.events.committed();
+        // The transaction retired the blobs: the sweep deletes them after the grace.
         let entries_deleted = blobs.len() as u64;
-        let store = self.blobs.clone();
-        tokio::spawn(async move {
-            for blob in blobs {
-                if let Err(e) = store.delete(&blob).await {
-                    tracing::warn!(%blob, error = %e, "could not delete a blob of a deleted account; the sweep will");
-                }
-            }
-        });
         Ok(DeletedAccount {
             public_key: key.to_z32(),
             entries_deleted,

@@ -31,7 +31,7 @@ use tokio::runtime::Handle;
 
 use super::{ServiceError, now_secs};
 use crate::persistence::metadata::{
-    EntryRange, EntryRecord, EventQuery, NewEntry, PutOutcome, ReplayMark, SignupOutcome,
+    BlobState, EntryRange, EntryRecord, EventQuery, NewEntry, PutOutcome, ReplayMark, SignupOutcome,
 };
 use crate::persistence::{BlobError, BlobStore, MetadataStore, MetadataWrites};
 
@@ -140,8 +140,11 @@ pub struct FsckReport {
     pub entries: u64,
     pub bytes: u64,
     pub blobs: u64,
+    /// Replaced or deleted values kept for the grace period (`storage.blob_grace_secs`)
+    /// before the sweep deletes them: expected, neither orphans nor missing.
+    pub retired_blobs: u64,
     pub missing_blobs: Vec<MissingBlob>,
-    /// Blobs no entry references (older than the minimum age).
+    /// Blobs no entry references and that are not retired (older than the minimum age).
     pub orphan_blobs: Vec<String>,
     pub usage_mismatches: Vec<UsageMismatch>,
     /// What `--repair` did: entries removed, orphans deleted, usages corrected.
@@ -223,8 +226,11 @@ pub async fn fsck(
     while let Some(meta) = listing.next().await {
         let meta = meta?;
         report.blobs += 1;
-        if meta.modified <= cutoff && !metadata.blob_referenced(&meta.key).await? {
-            report.orphan_blobs.push(meta.key);
+        match metadata.blob_state(&meta.key).await? {
+            BlobState::Referenced => {}
+            BlobState::Retired { .. } => report.retired_blobs += 1,
+            BlobState::Unknown if meta.modified <= cutoff => report.orphan_blobs.push(meta.key),
+            BlobState::Unknown => {}
         }
     }
 
@@ -240,7 +246,7 @@ pub async fn fsck(
         }
         for key in &report.orphan_blobs {
             // Checked again: a commit may have started to reference it since.
-            if !metadata.blob_referenced(key).await? {
+            if metadata.blob_state(key).await? == BlobState::Unknown {
                 blobs.delete(key).await?;
                 repairs.orphans_deleted += 1;
             }
@@ -485,11 +491,8 @@ pub async fn import_archive<R: Read + Send + 'static>(
                 None,
             ));
             match outcome {
-                Ok(PutOutcome::Committed { replaced_blob, .. }) => {
-                    if let Some(old) = replaced_blob {
-                        let _ = handle.block_on(stores.blobs.delete(&old));
-                    }
-                }
+                // A replaced value was retired by the commit, for the sweep.
+                Ok(PutOutcome::Committed { .. }) => {}
                 other => {
                     let _ = handle.block_on(stores.blobs.delete(&blob_key));
                     return Err(match other {

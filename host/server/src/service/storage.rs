@@ -6,7 +6,8 @@
 //! signature, BLAKE3 for the content hash) and counted (a signed body without a declared
 //! digest is held in memory until its signature is checked, never written before), then
 //! one metadata transaction commits entry, usage, replay mark and event. The replaced
-//! blob is deleted only after that commit.
+//! blob is retired by that same transaction and deleted by the sweep once the grace
+//! period has passed (`persistence::blobs`): a backup or a reader may still need it.
 
 use std::sync::Arc;
 
@@ -261,13 +262,11 @@ impl StorageService {
         let error = match outcome {
             Ok(PutOutcome::Committed {
                 created_at,
-                replaced_blob,
+                // The replaced blob was retired by the commit: the sweep deletes it.
+                replaced_blob: _,
             }) => {
                 self.entry_cache.invalidate(&user, path.as_str());
                 self.events.committed();
-                if let Some(old) = replaced_blob {
-                    self.delete_blob_later(old);
-                }
                 return Ok(PutResult {
                     path: path.to_string(),
                     size: streamed.size,
@@ -287,8 +286,9 @@ impl StorageService {
                 return Err(e.into());
             }
         };
-        // Nothing points at the new blob: drop it (a crash here leaves it to the sweep).
-        self.delete_blob_later(blob_key);
+        // Nothing points at the new blob, nor ever did: drop it now (a crash here leaves
+        // it to the sweep).
+        self.delete_unused_blob(blob_key);
         Err(error)
     }
 
@@ -336,7 +336,8 @@ impl StorageService {
         })
     }
 
-    fn delete_blob_later(&self, key: String) {
+    /// Deletes, in the background, a blob no committed entry ever pointed at.
+    fn delete_unused_blob(&self, key: String) {
         let blobs = self.blobs.clone();
         tokio::spawn(async move {
             if let Err(e) = blobs.delete(&key).await {
@@ -449,10 +450,10 @@ impl StorageService {
             .commit_delete(&user, path.as_str(), now, replay)
             .await?
         {
-            DeleteOutcome::Deleted { blob_key } => {
+            // The blob was retired by the commit: the sweep deletes it.
+            DeleteOutcome::Deleted { blob_key: _ } => {
                 self.entry_cache.invalidate(&user, path.as_str());
                 self.events.committed();
-                self.delete_blob_later(blob_key);
                 Ok(DeleteResult {
                     path: path.to_string(),
                     deleted_at: now,

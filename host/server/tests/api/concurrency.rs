@@ -54,19 +54,33 @@ async fn many_writers_on_one_path() {
         "one event per write"
     );
 
-    // Replaced blobs are deleted (after the answer, in the background): only the live
-    // one remains.
+    // Replaced blobs are retired, not deleted: all stay for the grace period, and the
+    // sweep of retired blobs then leaves only the live one.
     let user = alice.public_key().to_z32();
-    eventually(
-        "replaced blobs deleted",
-        std::time::Duration::from_secs(10),
-        || {
-            let blobs = ctx.stores().blobs.clone();
-            let user = user.clone();
-            async move { crate::backend::blob_keys(&blobs, &user).await.len() == 1 }
-        },
-    )
-    .await;
+    let stores = ctx.stores();
+    assert_eq!(
+        crate::backend::blob_keys(&stores.blobs, &user).await.len(),
+        writers
+    );
+    let grace = std::time::Duration::from_secs(ctx.config.storage.blob_grace_secs);
+    assert_eq!(
+        stores
+            .blobs
+            .sweep_retired(stores.metadata.as_ref(), grace)
+            .await
+            .unwrap(),
+        0,
+        "nothing is past its grace yet"
+    );
+    stores
+        .blobs
+        .sweep_retired(stores.metadata.as_ref(), std::time::Duration::ZERO)
+        .await
+        .unwrap();
+    assert_eq!(
+        crate::backend::blob_keys(&stores.blobs, &user).await.len(),
+        1
+    );
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]

@@ -205,6 +205,18 @@ async fn orphaned_blobs_are_swept() {
         .await
         .unwrap();
     let left = crate::backend::blob_keys(&ctx.stores().blobs, &user).await;
+    assert_eq!(
+        left.len(),
+        2,
+        "the orphan went; the live blob and the replaced one (retired, for its grace \
+         period) stay: {left:?}"
+    );
+    ctx.stores()
+        .blobs
+        .sweep_retired(ctx.stores().metadata.as_ref(), std::time::Duration::ZERO)
+        .await
+        .unwrap();
+    let left = crate::backend::blob_keys(&ctx.stores().blobs, &user).await;
     assert_eq!(left.len(), 1, "only the live blob stays: {left:?}");
     if local {
         assert!(!staging.exists(), "the staging file was swept");

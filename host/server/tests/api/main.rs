@@ -13,6 +13,7 @@ mod account;
 mod admin_api;
 mod admin_page;
 mod auth;
+mod blob_grace;
 mod concurrency;
 mod crash;
 mod deploy;

@@ -7,7 +7,7 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
 
 use homeserver::persistence::metadata::{
-    CreateSessionOutcome, DeleteOutcome, EntryRange, EventQuery, NewEntry, PutOutcome,
+    BlobState, CreateSessionOutcome, DeleteOutcome, EntryRange, EventQuery, NewEntry, PutOutcome,
     QuotaExceeded, ReplayMark, ReverseEventQuery, SessionRecord, SignupOutcome, UserCursor,
 };
 use homeserver::persistence::{MetadataStore, MetadataWrites, StoreError};
@@ -784,6 +784,123 @@ async fn account_deletion() {
     // The key may sign up again, with an empty space.
     sign_up(s, &alice).await;
     assert_eq!(used(s, &alice).await, 0);
+}
+
+/// A blob an overwrite, a DELETE or an account deletion leaves unreferenced is retired
+/// in the same transaction, with its time; the blob state tells it from a referenced
+/// and an unknown one; the records come back oldest first until forgotten.
+#[tokio::test]
+async fn unreferenced_blobs_are_retired_with_their_commit() {
+    let f = fixture().await;
+    let s = f.store.as_ref();
+    let (alice, bob) = (key(1), key(2));
+    sign_up(s, &alice).await;
+    sign_up(s, &bob).await;
+    put(s, &alice, "/pub/a", 1).await;
+    assert_eq!(
+        s.blob_state(&format!("{alice}//pub/a/1")).await.unwrap(),
+        BlobState::Referenced
+    );
+    assert_eq!(
+        s.blob_state("never/seen").await.unwrap(),
+        BlobState::Unknown
+    );
+
+    // An overwrite at 2000 retires the old blob at 2000.
+    let mut over = new_entry(&alice, "/pub/a", "alice-a-2", 2);
+    over.now = 2000;
+    s.commit_put(over, None).await.unwrap();
+    assert_eq!(
+        s.blob_state(&format!("{alice}//pub/a/1")).await.unwrap(),
+        BlobState::Retired { retired_at: 2000 }
+    );
+    assert_eq!(
+        s.blob_state("alice-a-2").await.unwrap(),
+        BlobState::Referenced
+    );
+    // A refused write retires nothing (quota) and neither does a replay.
+    s.set_user_quota(&alice, Some(3)).await.unwrap();
+    let mut big = new_entry(&alice, "/pub/a", "alice-a-big", 50);
+    big.now = 2100;
+    assert!(matches!(
+        s.commit_put(big, None).await.unwrap(),
+        PutOutcome::QuotaExceeded(_)
+    ));
+    assert_eq!(
+        s.blob_state("alice-a-2").await.unwrap(),
+        BlobState::Referenced
+    );
+    // A DELETE at 3000, an account deletion at 4000.
+    assert!(matches!(
+        s.commit_delete(&alice, "/pub/a", 3000, None).await.unwrap(),
+        DeleteOutcome::Deleted { .. }
+    ));
+    put(s, &bob, "/pub/x", 7).await;
+    put(s, &bob, "/pub/y", 8).await;
+    s.delete_account(&bob, 4000).await.unwrap().unwrap();
+
+    let retired = [
+        format!("{alice}//pub/a/1"),
+        "alice-a-2".to_owned(),
+        format!("{bob}//pub/x/7"),
+        format!("{bob}//pub/y/8"),
+    ];
+    assert_eq!(s.retired_blobs(i64::MAX, 100).await.unwrap(), retired);
+    assert_eq!(s.retired_blobs(2999, 100).await.unwrap(), retired[..1]);
+    assert_eq!(s.retired_blobs(3000, 2).await.unwrap(), retired[..2]);
+    assert_eq!(
+        s.retired_blobs(1999, 100).await.unwrap(),
+        Vec::<String>::new()
+    );
+    // Forgetting is idempotent (a sweep that ran twice).
+    assert_eq!(s.forget_retired_blobs(&retired[..2]).await.unwrap(), 2);
+    assert_eq!(s.forget_retired_blobs(&retired[..2]).await.unwrap(), 0);
+    assert_eq!(s.retired_blobs(i64::MAX, 100).await.unwrap(), retired[2..]);
+    assert_eq!(s.blob_state("alice-a-2").await.unwrap(), BlobState::Unknown);
+}
+
+/// The sweep's lease: one holder at a time until it expires; the holder renews it;
+/// released, anyone may take it. Racing takers: exactly one wins.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn leases_have_one_holder() {
+    let f = fixture().await;
+    let s = f.store.as_ref();
+    assert!(s.take_lease("sweep", "a", 100, 200).await.unwrap());
+    assert!(!s.take_lease("sweep", "b", 150, 250).await.unwrap());
+    assert!(
+        s.take_lease("other", "b", 150, 250).await.unwrap(),
+        "names are apart"
+    );
+    assert!(
+        s.take_lease("sweep", "a", 190, 290).await.unwrap(),
+        "renewed"
+    );
+    assert!(!s.take_lease("sweep", "b", 250, 350).await.unwrap());
+    assert!(
+        s.take_lease("sweep", "b", 290, 390).await.unwrap(),
+        "expired: taken over"
+    );
+    s.release_lease("sweep", "a").await.unwrap();
+    assert!(
+        !s.take_lease("sweep", "a", 300, 400).await.unwrap(),
+        "only the holder releases"
+    );
+    s.release_lease("sweep", "b").await.unwrap();
+    let racers = (0..8).map(|n| {
+        let store = f.store.clone();
+        tokio::spawn(async move {
+            store
+                .take_lease("race", &format!("r{n}"), 1000, 2000)
+                .await
+                .unwrap()
+        })
+    });
+    let won = futures_util::future::join_all(racers)
+        .await
+        .into_iter()
+        .filter(|r| *r.as_ref().unwrap())
+        .count();
+    assert_eq!(won, 1);
 }
 
 /// Writes of one user are serialized: many concurrent writers near the quota never take
