@@ -84,7 +84,11 @@ pub async fn stream(State(app): State<AppState>, request: Request) -> Response {
     // One body chunk per batch (a subscriber that is behind gets what is ready in one
     // write), made of frames the hub serialized once for every subscriber; a comment
     // line when nothing was sent for a while keeps idle streams open through proxies.
-    let keep_alive = tokio::time::interval_at(tokio::time::Instant::now() + KEEP_ALIVE, KEEP_ALIVE);
+    // Its first tick is at once: with body bytes right away, a proxy that holds the
+    // response headers until it has body data to send with them (nginx 1.22 to HTTP/2
+    // clients) passes the stream's start on at once, so a client (an EventSource's
+    // `open`) does not wait up to 15 s to learn it is subscribed.
+    let keep_alive = tokio::time::interval(KEEP_ALIVE);
     // The body streams after this handler has returned, outside the request's span: its
     // one warning names the request id itself (a header value carried along, not the
     // span kept alive for the stream's lifetime).

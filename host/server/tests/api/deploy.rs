@@ -82,3 +82,37 @@ fn the_packaged_config_and_unit_agree() {
     // Exit code 2: a configuration the server refused; restarting would not help.
     assert_eq!(value("RestartPreventExitStatus"), "2");
 }
+
+/// Every instance reads the same scale-out file, so it names no instance's own
+/// addresses; the settings it tells each instance to set in its environment are real
+/// keys under the names the server reads (`HOMESERVER__<SECTION>__<KEY>`).
+#[test]
+fn the_scale_out_example_leaves_each_instances_addresses_to_its_environment() {
+    let example =
+        std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../../docs/examples/scale-out.toml");
+    let config = Config::load_file_only(&example).unwrap();
+    let defaults = Config::defaults();
+    assert_eq!(config.http.listen, defaults.http.listen);
+    assert_eq!(config.admin.listen, defaults.admin.listen);
+    assert_eq!(config.metrics.listen, defaults.metrics.listen);
+
+    let text = std::fs::read_to_string(&example).unwrap();
+    let named: Vec<&str> = text
+        .lines()
+        .filter_map(|line| line.strip_prefix('#')?.split_whitespace().next())
+        .filter(|word| word.starts_with("HOMESERVER__"))
+        .collect();
+    for listener in ["HTTP", "ADMIN", "METRICS"] {
+        let name = format!("HOMESERVER__{listener}__LISTEN");
+        assert!(named.contains(&name.as_str()), "the file names {name}");
+    }
+    let keys = serde_json::to_value(&defaults).unwrap();
+    for name in named {
+        let mut value = &keys;
+        for part in name["HOMESERVER__".len()..].split("__") {
+            value = value
+                .get(part.to_lowercase())
+                .unwrap_or_else(|| panic!("{name} names no setting"));
+        }
+    }
+}

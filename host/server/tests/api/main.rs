@@ -26,6 +26,7 @@ mod limits;
 mod listing;
 mod maintenance;
 mod metrics;
+mod nginx;
 mod openapi;
 mod pkarr;
 mod scale_out;

@@ -20,13 +20,28 @@ impl ServerProcess {
     /// Starts the binary in `dir` (its working directory: `./data`, `./policies`) on
     /// `port` (0 = a free one), with `env` on top of the test defaults (rate limits
     /// off, shared guest cache, admin API on, metrics off), and waits until it listens.
+    pub async fn start(dir: &Path, port: u16, env: &[(String, String)]) -> Self {
+        Self::start_with_config(dir, port, None, env).await
+    }
+
+    /// [`ServerProcess::start`] with `--config FILE` under the environment (which
+    /// overrides the file, as for a user).
     // The guard kills and reaps the child in Drop, which the lint cannot see.
     #[allow(clippy::zombie_processes)]
-    pub async fn start(dir: &Path, port: u16, env: &[(String, String)]) -> Self {
+    pub async fn start_with_config(
+        dir: &Path,
+        port: u16,
+        config: Option<&Path>,
+        env: &[(String, String)],
+    ) -> Self {
         let port = if port == 0 { free_port() } else { port };
         let admin_port = free_port();
         std::fs::create_dir_all(dir).unwrap();
-        let child = Command::new(env!("CARGO_BIN_EXE_homeserver"))
+        let mut command = Command::new(env!("CARGO_BIN_EXE_homeserver"));
+        if let Some(config) = config {
+            command.arg("--config").arg(config);
+        }
+        let child = command
             .current_dir(dir)
             .env("HOMESERVER__HTTP__LISTEN", format!("127.0.0.1:{port}"))
             .env(
@@ -66,6 +81,11 @@ impl ServerProcess {
             tokio::time::sleep(Duration::from_millis(25)).await;
         }
         panic!("homeserver did not listen on {port}");
+    }
+
+    /// The process id (for its `/proc` entries).
+    pub fn pid(&self) -> u32 {
+        self.child.id()
     }
 
     /// `kill -9`.
