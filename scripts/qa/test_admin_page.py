@@ -412,6 +412,11 @@ def test_reload_policies(driver):
     _, expected = admin_api("GET", "/admin/policies")
     rows = driver.find_elements(By.CSS_SELECTOR, "#policies-table tbody tr")
     assert len(rows) == len(expected["slots"]), (len(rows), expected)
+    # Which process calls each slot: this server only the capability policy.
+    for slot in expected["slots"]:
+        cell = css(driver, f'#policies-table tr[data-slot="{slot["slot"]}"] .called-by').text
+        want = "this server" if slot["called_by"] == "homeserver" else "pkbot (not this server)"
+        assert cell == want, (slot["slot"], cell)
     click_css(driver, "#reload-policies")
     result = until(lambda: visible(driver, "#reload-result") and "Reloading" not in css(driver, "#reload-result").text
                    and css(driver, "#reload-result"), what="the reload result")

@@ -103,10 +103,11 @@ mod tests {
         assert_eq!(ErrorCode::StorageQuotaExceeded.status(), 507);
     }
 
-    #[test]
-    fn as_str_matches_serde() {
+    /// Every code. The match below stops compiling when a code is added, so the list
+    /// (and the tests over it) cannot silently miss one.
+    const ALL: [ErrorCode; 14] = {
         use ErrorCode::*;
-        for code in [
+        [
             InvalidPath,
             BadRequest,
             InvalidSignature,
@@ -115,13 +116,69 @@ mod tests {
             NotFound,
             MethodNotAllowed,
             PayloadTooLarge,
+            UriTooLong,
+            HeadersTooLarge,
             RateLimitExceeded,
             ServerError,
             ServiceUnavailable,
             StorageQuotaExceeded,
-        ] {
+        ]
+    };
+
+    #[allow(dead_code)]
+    fn all_is_complete(code: ErrorCode) {
+        use ErrorCode::*;
+        match code {
+            InvalidPath
+            | BadRequest
+            | InvalidSignature
+            | ExpiredSession
+            | InsufficientPermissions
+            | NotFound
+            | MethodNotAllowed
+            | PayloadTooLarge
+            | UriTooLong
+            | HeadersTooLarge
+            | RateLimitExceeded
+            | ServerError
+            | ServiceUnavailable
+            | StorageQuotaExceeded => {}
+        }
+    }
+
+    #[test]
+    fn as_str_matches_serde() {
+        for code in ALL {
             let json = serde_json::to_value(code).unwrap();
             assert_eq!(json.as_str(), Some(code.as_str()));
         }
+    }
+
+    /// docs/API.md has one table of the error codes: each code in exactly one row, with
+    /// the status it is always sent with.
+    #[test]
+    fn the_api_docs_table_lists_every_code_with_its_status() {
+        let docs = include_str!("../../../docs/API.md");
+        for code in ALL {
+            let row = format!("| `{}` | {} |", code.as_str(), code.status());
+            assert_eq!(
+                docs.matches(&row).count(),
+                1,
+                "docs/API.md's error table needs one row starting {row}"
+            );
+        }
+        // Rows of the form "| `code` | 4xx/5xx |".
+        let is_error_row = |line: &str| {
+            let Some((_, rest)) = line.strip_prefix("| `").and_then(|l| l.split_once("` | "))
+            else {
+                return false;
+            };
+            rest.len() > 4
+                && rest.as_bytes()[..3].iter().all(u8::is_ascii_digit)
+                && matches!(rest.as_bytes()[0], b'4' | b'5')
+                && rest[3..].starts_with(" |")
+        };
+        let rows = docs.lines().filter(|line| is_error_row(line)).count();
+        assert_eq!(rows, ALL.len(), "the table has a row per code and no more");
     }
 }

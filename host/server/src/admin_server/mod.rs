@@ -282,9 +282,31 @@ async fn create_signup_token(State(app): State<AdminState>) -> Result<Response, 
     Ok(Json(serde_json::json!({ "token": token })).into_response())
 }
 
-/// `GET /admin/policies`: each slot's module, BLAKE3, load time and last error.
+/// A slot's state as the admin API shows it: with the process that calls it.
+#[derive(Serialize)]
+struct SlotView {
+    #[serde(flatten)]
+    status: homeserver_runtime::SlotStatus,
+    /// `homeserver` (this process asks it) or `pkbot` (loaded here, asked only by the
+    /// bot, from its own `policies.dir`).
+    called_by: &'static str,
+}
+
+fn slot_views(app: &AppContext) -> Vec<SlotView> {
+    app.policy
+        .status()
+        .into_iter()
+        .map(|status| SlotView {
+            called_by: crate::service::readiness::caller_of(status.slot),
+            status,
+        })
+        .collect()
+}
+
+/// `GET /admin/policies`: each slot's module, BLAKE3, load time, last error, and which
+/// process calls it.
 async fn policies(State(app): State<AdminState>) -> Response {
-    Json(serde_json::json!({ "slots": app.policy.status() })).into_response()
+    Json(serde_json::json!({ "slots": slot_views(&app) })).into_response()
 }
 
 /// `GET /admin/pkarr`: what the DHT publisher did last.
@@ -302,7 +324,7 @@ async fn reload_policies(State(app): State<AdminState>) -> Result<Response, ApiE
     Ok(Json(serde_json::json!({
         "ok": report.is_ok(),
         "slots": report.slots,
-        "status": app.policy.status(),
+        "status": slot_views(&app),
     }))
     .into_response())
 }

@@ -25,6 +25,16 @@ pub const CHECK_INTERVAL: Duration = Duration::from_secs(2);
 /// them from its own `policies.dir`.
 pub const SERVER_SLOTS: [Slot; 1] = [Slot::CapabilityPolicy];
 
+/// The process that calls `slot`: `homeserver` for [`SERVER_SLOTS`], `pkbot` for the
+/// others (this process loads them too, so the admin API shows them, but never asks).
+pub fn caller_of(slot: Slot) -> &'static str {
+    if SERVER_SLOTS.contains(&slot) {
+        "homeserver"
+    } else {
+        "pkbot"
+    }
+}
+
 /// One readiness check's result.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Readiness {

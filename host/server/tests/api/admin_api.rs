@@ -1,5 +1,6 @@
 //! The admin API: no, wrong and right credentials, the server without a password,
-//! quota overrides and disabled users, and deleting a whole account.
+//! quota overrides and disabled users, deleting a whole account, and which process
+//! calls each policy slot.
 
 use std::time::Duration;
 
@@ -100,6 +101,41 @@ async fn admin_endpoints_need_the_password() {
         ErrorCode::NotFound,
     )
     .await;
+}
+
+/// The server calls only the capability policy; the other two slots are the bot's
+/// (pkbot loads them from its own policies.dir), and the admin API says so, also in
+/// a reload's answer.
+#[tokio::test]
+async fn policies_say_which_process_calls_each_slot() {
+    let host = TestHost::start().await;
+    let called_by = |answer: &Value| -> Vec<(String, String)> {
+        answer
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|s| {
+                (
+                    s["slot"].as_str().unwrap().to_owned(),
+                    s["called_by"].as_str().unwrap().to_owned(),
+                )
+            })
+            .collect()
+    };
+    let expected: Vec<(String, String)> = [
+        ("capability-policy", "homeserver"),
+        ("safety-filter", "pkbot"),
+        ("intent-classifier", "pkbot"),
+    ]
+    .iter()
+    .map(|(slot, by)| (slot.to_string(), by.to_string()))
+    .collect();
+    let status = host.admin_json(Method::GET, "/admin/policies").await;
+    assert_eq!(called_by(&status["slots"]), expected, "{status}");
+    let reload = host
+        .admin_json(Method::POST, "/admin/policies/reload")
+        .await;
+    assert_eq!(called_by(&reload["status"]), expected, "{reload}");
 }
 
 #[tokio::test]

@@ -166,3 +166,56 @@ async fn the_admin_document_describes_every_route() {
     )
     .await;
 }
+
+/// Both documents describe `X-Request-Id` once (a header parameter and a response
+/// header in `components`) and use it everywhere: every operation takes the parameter,
+/// and every answer but the HTTP parser's own (414, 431: refused before a request
+/// exists) carries the header.
+#[test]
+fn every_operation_documents_the_request_id() {
+    for source in [
+        homeserver::client_server::OPENAPI,
+        homeserver::admin_server::OPENAPI,
+    ] {
+        let document: Value = serde_json::from_str(source).unwrap();
+        let components = &document["components"];
+        assert_eq!(
+            components["parameters"]["RequestId"]["name"],
+            "X-Request-Id"
+        );
+        assert_eq!(components["parameters"]["RequestId"]["in"], "header");
+        assert!(components["headers"]["RequestId"]["schema"].is_object());
+        let parameter = serde_json::json!({ "$ref": "#/components/parameters/RequestId" });
+        let header = serde_json::json!({ "$ref": "#/components/headers/RequestId" });
+        let parser_answers = [
+            "#/components/responses/UriTooLong",
+            "#/components/responses/HeadersTooLarge",
+        ];
+        for (path, item) in document["paths"].as_object().unwrap() {
+            for (method, operation) in item.as_object().unwrap() {
+                if !["get", "head", "post", "put", "delete", "patch"].contains(&method.as_str()) {
+                    continue;
+                }
+                let parameters = operation["parameters"].as_array();
+                assert!(
+                    parameters.is_some_and(|p| p.contains(&parameter)),
+                    "{method} {path} does not take X-Request-Id"
+                );
+                for (status, response) in operation["responses"].as_object().unwrap() {
+                    let response = match response["$ref"].as_str() {
+                        Some(r) if parser_answers.contains(&r) => continue,
+                        Some(r) => {
+                            let name = r.rsplit('/').next().unwrap();
+                            &components["responses"][name]
+                        }
+                        None => response,
+                    };
+                    assert_eq!(
+                        response["headers"]["X-Request-Id"], header,
+                        "{method} {path} {status} does not name X-Request-Id"
+                    );
+                }
+            }
+        }
+    }
+}

@@ -620,6 +620,10 @@
     const err = s.last_error;
     return h('tr', {dataset: {slot: s.slot}, class: s.serving ? '' : 'is-problem'},
       h('td', {'data-label': 'Slot', class: 'nowrap'}, h('strong', null, s.slot)),
+      h('td', {'data-label': 'Called by', class: 'called-by'}, s.called_by === 'homeserver'
+        ? 'this server'
+        : h('span', {class: 'muted', title: `this server never calls it: ${s.called_by} does, with the modules in its own policies.dir`},
+          `${s.called_by} (not this server)`)),
       h('td', {'data-label': 'Serving'},
         h('span', {class: `serving badge ${s.serving ? 'badge-ok' : 'badge-danger'}`,
           title: s.serving ? '' : `no module: every call gets the safe default (${s.safe_default || '?'})`},
