@@ -1,8 +1,10 @@
 //! docs/examples/nginx.conf, run unchanged by Debian's nginx in front of two instances
 //! made from docs/examples/scale-out.toml on PostgreSQL + S3: TLS with a throwaway
 //! certificate, the request id passed through, rate limits keyed on the real client
-//! address (clients on 127.0.0.1 and 127.0.0.2), live event streams (each event within
-//! 1 s), nginx's own errors in the JSON shape, a 100 MiB chunked upload that streams
+//! address (clients on 127.0.0.1 and 127.0.0.2), a path with `%2F` passed on as sent
+//! (its signature verifies; it reads back under the path with `/`), the probes answered
+//! to the allowed monitor (127.0.0.1) only, live event streams (each event within 1 s),
+//! nginx's own errors in the JSON shape, a 100 MiB chunked upload that streams
 //! through (the instance has passed most of it on to S3 while the client still holds
 //! the rest back, and its peak memory grows by a fraction of the value), and failover
 //! when one instance is killed (no acknowledged write lost or doubled, and no write
@@ -333,6 +335,8 @@ async fn nginx_example_fronts_two_instances() {
     assert_eq!(r.headers()["x-request-id"], "nginx-test.1");
 
     rate_limits_key_on_the_client(&c1, &c2, &alice).await;
+    escaped_paths_pass_as_sent(&c1, &alice).await;
+    probes_answer_monitors_only(&c1, &c2).await;
     events_arrive_live(&c1, &alice).await;
     nginx_errors_are_json(&c1, &alice).await;
     let h1 = client([127, 0, 0, 1], &trust, true);
@@ -392,6 +396,63 @@ async fn rate_limits_key_on_the_client(
         .parse()
         .unwrap();
     assert!(remaining > 0, "127.0.0.1 has its own bucket");
+}
+
+/// A target with `%2F` (what clients generated from the OpenAPI document send) reaches
+/// the instance as sent: its signature, over that target, verifies (a proxy that decoded
+/// it, e.g. `proxy_pass http://homeserver/` or a `rewrite`, would make it 401), and the
+/// value reads back under the canonical path, with `/`.
+async fn escaped_paths_pass_as_sent(c1: &reqwest::Client, alice: &Keypair) {
+    let r = signed(
+        c1,
+        alice,
+        Method::PUT,
+        "/pub/example.com/nginx%2Fescaped.txt",
+        b"escaped",
+    )
+    .send()
+    .await
+    .unwrap();
+    assert_eq!(r.status(), StatusCode::OK, "{}", r.text().await.unwrap());
+    for spelling in [
+        "/pub/example.com/nginx/escaped.txt",
+        "/pub/example.com/nginx%2fescaped.txt",
+    ] {
+        let r = signed(c1, alice, Method::GET, spelling, b"")
+            .send()
+            .await
+            .unwrap();
+        assert_eq!(r.status(), StatusCode::OK, "{spelling}");
+        assert_eq!(r.text().await.unwrap(), "escaped", "{spelling}");
+    }
+}
+
+/// /health and /ready through the proxy answer the monitor the file allows (127.0.0.1)
+/// and refuse anyone else with nginx's 403 in the JSON shape.
+async fn probes_answer_monitors_only(c1: &reqwest::Client, c2: &reqwest::Client) {
+    for (probe, status) in [("/health", "ok"), ("/ready", "ready")] {
+        let r = c1.get(format!("{URL}{probe}")).send().await.unwrap();
+        assert_eq!(r.status(), StatusCode::OK, "{probe} from the monitor");
+        let body: serde_json::Value = r.json().await.unwrap();
+        assert_eq!(body["status"], status, "{probe} from the monitor");
+        // nginx matches locations on the decoded, merged path: these are /health and
+        // /ready to it too.
+        let escaped = format!("/%{:02X}{}", probe.as_bytes()[1], &probe[2..]);
+        for spelling in [
+            probe.to_owned(),
+            format!("{probe}?x=1"),
+            format!("/{probe}"),
+            escaped,
+        ] {
+            let r = c2.get(format!("{URL}{spelling}")).send().await.unwrap();
+            let (code, body) = error_body(r).await;
+            assert_eq!(
+                (code, body.error),
+                (StatusCode::FORBIDDEN, ErrorCode::InsufficientPermissions),
+                "{spelling} from a client"
+            );
+        }
+    }
 }
 
 /// Each event reaches a stream opened through the proxy within 1 s of the write's
