@@ -63,6 +63,10 @@ pub struct HttpConfig {
     /// PEM private key of `tls_cert_file`.
     #[serde(with = "optional_path")]
     pub tls_key_file: Option<PathBuf>,
+    /// Origins whose web pages may call this API from a browser (CORS; both client
+    /// listeners, never the admin API): `["*"]` any, a list of `scheme://host[:port]`,
+    /// or `[]` none. See [`crate::cors`].
+    pub cors_allowed_origins: Vec<String>,
 }
 
 #[derive(Debug, Clone, Serialize, Deserialize)]
@@ -496,6 +500,9 @@ impl Config {
                 self.pkarr.host
             ));
         }
+        if let Err(e) = crate::cors::Cors::from_config(&self.http.cors_allowed_origins) {
+            problems.push(format!("{}: {e}", name("http.cors_allowed_origins")));
+        }
         if let Err(e) = crate::pkarr_publish::public_endpoint(&self.pkarr.public_url) {
             problems.push(format!("{}: {e}", name("pkarr.public_url")));
         }
@@ -629,6 +636,46 @@ mod tests {
                     "http.idle_timeout_secs (in {}) must be at least 1",
                     path.display()
                 )),
+                "{err}"
+            );
+            Ok(())
+        });
+    }
+
+    #[test]
+    fn cors_origins_come_from_the_file_or_the_environment() {
+        figment::Jail::expect_with(|jail| {
+            assert_eq!(Config::defaults().http.cors_allowed_origins, ["*"]);
+            let dir = tempfile::tempdir().unwrap();
+            let path = dir.path().join("c.toml");
+            std::fs::write(
+                &path,
+                "[http]\ncors_allowed_origins = [\"*\", \"https://a.example\"]\n",
+            )
+            .unwrap();
+            let err = Config::load(Some(&path)).unwrap_err().to_string();
+            assert!(
+                err.contains(&format!(
+                    "http.cors_allowed_origins (in {}): `*` allows every origin",
+                    path.display()
+                )),
+                "{err}"
+            );
+            jail.set_env(
+                "HOMESERVER__HTTP__CORS_ALLOWED_ORIGINS",
+                r#"["https://pubky.app", "http://localhost:5173"]"#,
+            );
+            let config = Config::load(None).unwrap();
+            assert_eq!(
+                config.http.cors_allowed_origins,
+                ["https://pubky.app", "http://localhost:5173"]
+            );
+            jail.set_env("HOMESERVER__HTTP__CORS_ALLOWED_ORIGINS", r#"["pubky.app"]"#);
+            let err = Config::load(None).unwrap_err().to_string();
+            assert!(
+                err.contains(
+                    "HOMESERVER__HTTP__CORS_ALLOWED_ORIGINS: `pubky.app` is not an origin"
+                ),
                 "{err}"
             );
             Ok(())

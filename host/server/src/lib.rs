@@ -4,7 +4,9 @@
 //! [`metrics_server`]) → [`service`] (the rules) → [`persistence`] (sqlx metadata,
 //! object_store blobs). [`app`] builds the context and runs the listeners ([`serve`],
 //! with [`tls`] for the raw-public-key and X.509 listeners);
-//! [`config`] loads settings and [`local_paths`] says where its files are; [`rate_limit`] and [`metrics`] wrap client requests, and
+//! [`config`] loads settings and [`local_paths`] says where its files are; [`rate_limit`]
+//! and [`metrics`] wrap client requests, [`cors`] answers browsers on other origins (in
+//! [`request_id`]'s layer), and
 //! [`stream_slots`] caps each address's open event streams;
 //! [`pkarr_publish`] keeps the server's and its users' records on the mainline DHT;
 //! [`policy_cli`] and [`maintenance_cli`] are the command-line tools (guests; fsck,
@@ -15,6 +17,7 @@ pub mod app;
 pub mod cli;
 pub mod client_server;
 pub mod config;
+pub mod cors;
 pub mod local_paths;
 pub mod maintenance_cli;
 pub mod metrics;

@@ -13,9 +13,14 @@
 //! layer costs every request a clone of the route and a boxed future, and the four cost
 //! a public GET ~5 µs of its ~15 µs of server CPU; this one costs about 2 µs
 //! (docs/BENCHMARKS.md "Request ids").
+//!
+//! On the client API the same layer applies CORS ([`crate::cors`]): it answers
+//! preflights before anything else runs and adds the CORS headers to every answer, so
+//! CORS costs no layer of its own.
 
 use std::future::Future;
 use std::pin::Pin;
+use std::sync::Arc;
 use std::task::{Context, Poll};
 
 use axum::Router;
@@ -24,6 +29,8 @@ use axum::response::Response;
 use tower::{Layer, Service};
 use tracing::Instrument;
 
+use crate::cors::{self, Admission, Cors};
+
 pub const REQUEST_ID_HEADER: HeaderName = HeaderName::from_static("x-request-id");
 
 /// Longest client-chosen id kept.
@@ -31,18 +38,31 @@ const MAX_CLIENT_ID: usize = 64;
 
 /// Wraps `router` (outermost, so the id exists before anything else runs).
 pub fn with_request_ids(router: Router) -> Router {
-    router.layer(RequestIdLayer)
+    router.layer(RequestIdLayer::default())
 }
 
-/// Gives each request its id and span; see the module's documentation.
-#[derive(Debug, Clone, Copy, Default)]
-pub struct RequestIdLayer;
+/// [`with_request_ids`], and the CORS rules `cors` in the same layer.
+pub fn with_request_ids_and_cors(router: Router, cors: Cors) -> Router {
+    router.layer(RequestIdLayer {
+        cors: Some(Arc::new(cors)),
+    })
+}
+
+/// Gives each request its id and span (and applies CORS when it has rules); see the
+/// module's documentation.
+#[derive(Debug, Clone, Default)]
+pub struct RequestIdLayer {
+    cors: Option<Arc<Cors>>,
+}
 
 impl<S> Layer<S> for RequestIdLayer {
     type Service = RequestIds<S>;
 
     fn layer(&self, inner: S) -> RequestIds<S> {
-        RequestIds { inner }
+        RequestIds {
+            inner,
+            cors: self.cors.clone(),
+        }
     }
 }
 
@@ -50,6 +70,7 @@ impl<S> Layer<S> for RequestIdLayer {
 #[derive(Debug, Clone)]
 pub struct RequestIds<S> {
     inner: S,
+    cors: Option<Arc<Cors>>,
 }
 
 impl<S, B> Service<Request<B>> for RequestIds<S>
@@ -76,12 +97,27 @@ where
                 made
             }
         };
+        // `None`: no CORS here; `Some(allow)`: CORS, with the answer's allowed origin.
+        let cors = match self.cors.as_deref() {
+            None => None,
+            Some(rules) => match rules.admit(request.method(), request.headers()) {
+                Admission::Pass(allow) => Some(allow),
+                Admission::Preflight(mut answer) => {
+                    answer.headers_mut().insert(REQUEST_ID_HEADER, id);
+                    return Box::pin(async move { Ok(answer) });
+                }
+            },
+        };
         let span = request_span(&request, &id);
         let response = span.in_scope(|| self.inner.call(request));
         Box::pin(
             async move {
                 let mut response = response.await?;
-                response.headers_mut().insert(REQUEST_ID_HEADER, id);
+                let headers = response.headers_mut();
+                headers.insert(REQUEST_ID_HEADER, id);
+                if let Some(allow) = cors {
+                    cors::decorate(headers, allow);
+                }
                 Ok(response)
             }
             .instrument(span),

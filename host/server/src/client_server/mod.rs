@@ -22,11 +22,18 @@ use axum::routing::{get, post};
 use homeserver_protocol::ErrorCode;
 
 use crate::app::AppContext;
+use crate::cors::Cors;
 use error::ApiError;
 
 pub type AppState = Arc<AppContext>;
 
 pub fn router(app: AppState) -> Router {
+    // Loading the configuration refused a bad list already; one built in code that
+    // slipped through allows no origin rather than every one.
+    let cors = Cors::from_config(&app.config.http.cors_allowed_origins).unwrap_or_else(|e| {
+        tracing::error!(error = %e, "http.cors_allowed_origins: allowing no origin");
+        Cors::none()
+    });
     let router = Router::new()
         .route("/signup", post(signup::handle))
         .route("/account", get(account::show))
@@ -58,7 +65,7 @@ pub fn router(app: AppState) -> Router {
         .route("/ready", get(health::ready))
         .method_not_allowed_fallback(method_not_allowed)
         .with_state(app);
-    crate::request_id::with_request_ids(router.merge(probes))
+    crate::request_id::with_request_ids_and_cors(router.merge(probes), cors)
 }
 
 /// The client API's OpenAPI 3.1 document (checked against the routes by

@@ -15,6 +15,7 @@ mod admin_page;
 mod auth;
 mod blob_grace;
 mod concurrency;
+mod cors;
 mod crash;
 mod deploy;
 mod escaped_paths;
