@@ -330,7 +330,13 @@ async fn dead_letter(ctx: &BotContext, consumer: &dyn Consumer, delivery: &Deliv
         Ok(false) => {
             let _ = ctx
                 .store
-                .dead_letter(topic.name(), &delivery.payload, reason)
+                .dead_letter(
+                    topic.name(),
+                    &delivery.payload,
+                    reason,
+                    delivery.mention_id(),
+                    None,
+                )
                 .await;
         }
         Err(e) => {
@@ -360,10 +366,7 @@ pub async fn recover(ctx: &BotContext) -> Result<usize, StageError> {
         }
         return Ok(driven);
     }
-    let interrupted = ctx
-        .store
-        .fail_interrupted_executions(None, Duration::ZERO)
-        .await?;
+    let interrupted = ctx.store.fail_interrupted_executions(None).await?;
     let driven = drive_unfinished(ctx, &InFlight::default(), None).await?;
     if interrupted > 0 || driven > 0 {
         tracing::info!(
@@ -393,7 +396,23 @@ async fn drive_unfinished(
 ) -> Result<usize, StageError> {
     let max_age = i64::try_from(ctx.config.poller.max_age_secs).unwrap_or(i64::MAX);
     let mut driven = 0;
-    for (id, posted_at) in ctx.store.unfinished_mentions(pending_received_by).await? {
+    let mut unfinished = ctx
+        .store
+        .mentions_in_state(
+            MentionStatus::Pending,
+            pending_received_by.unwrap_or(i64::MAX),
+            u32::MAX,
+        )
+        .await?;
+    if pending_received_by.is_none() {
+        unfinished.extend(
+            ctx.store
+                .mentions_in_state(MentionStatus::Processing, i64::MAX, u32::MAX)
+                .await?,
+        );
+    }
+    for m in unfinished {
+        let (id, posted_at) = (m.id.clone(), m.posted_at);
         if in_flight.contains(&id) {
             continue;
         }

@@ -85,13 +85,8 @@ pub async fn handle(
         // Held, with no success recorded: the run that took it was interrupted.
         tracing::info!(mentionId = %mention.id, actionType = action.as_str(), "running an interrupted action again");
         // On Redis a younger run may be another worker's, alive: left alone.
-        let min_age = if ctx.bus.redelivers() {
-            std::time::Duration::from_millis(ctx.config.bus.claim_idle_ms)
-        } else {
-            std::time::Duration::ZERO
-        };
         ctx.store
-            .fail_interrupted_executions(Some((&mention.id, action)), min_age)
+            .fail_interrupted_executions(Some((&mention.id, action)))
             .await?;
     }
     let execution = ctx.store.start_execution(&mention.id, action).await?;
@@ -113,7 +108,7 @@ pub async fn handle(
     match result {
         Ok(outcome) => {
             ctx.store
-                .finish_execution(execution, took, &outcome)
+                .finish_execution(execution, &mention.id, action, took, &outcome)
                 .await?;
             crate::failpoint::hit("after-action");
             metrics
