@@ -117,7 +117,7 @@ impl Bot {
         {
             BusKind::InProcess => (
                 Arc::new(InProcessBus::new()),
-                SharedState::Database(store.clone()),
+                SharedState::Database(store.clone(), Default::default()),
                 None,
             ),
             BusKind::Redis => {
@@ -223,7 +223,7 @@ impl Bot {
                     format!("{}-{}", crate::bus::redis::process_name(), context.key),
                     Duration::from_millis(context.config.bus.lease_ttl_ms),
                 );
-                tasks.spawn(lead(context.clone(), follower, lease, stop.clone()));
+                tasks.spawn(lead(context.clone(), follower, lease, redis, stop.clone()));
             }
             _ => run_leader_stages(&context, follower, role, &mut tasks, &stop).await?,
         }
@@ -384,16 +384,24 @@ async fn run_leader_stages(
 /// With the Redis bus: waits for the leader lease, leads while it holds it, and stands
 /// by again if it loses it; gives it up at a clean stop.
 ///
+/// A standby sleeps until the holder's lease would expire (its `PTTL`) and tries then,
+/// so it takes over within one lease lifetime of the holder's last renewal. Having
+/// taken it, it raises the database's fence to its token before anything else (see
+/// `store::Fence`): from then on nothing the previous holder does lands, even if it
+/// was only frozen.
+///
 /// The lease is renewed from the moment it is taken, beside the leader's start (which
 /// may take a while: sign-up, recovery), each renewal bounded by a third of its
 /// lifetime. When a renewal says the lease is someone else's, or none has succeeded for
 /// longer than the lifetime minus one period (counted from when the last successful
 /// one was sent), the leader's tasks are aborted at once: by the time another process
-/// can take the lease, this one has stopped.
+/// can take the lease, this one has stopped. Every write and publish of its stages
+/// checks the lease too (the fence), for a process that resumes after a freeze.
 async fn lead(
     ctx: Arc<BotContext>,
     follower: Option<Arc<EmbeddedIndex>>,
     lease: Lease,
+    redis: Arc<RedisBus>,
     stop: CancellationToken,
 ) {
     let lease = Arc::new(lease);
@@ -401,33 +409,66 @@ async fn lead(
     loop {
         ctx.status.set_role("standby");
         let mut waiting_said = false;
-        loop {
-            match lease.acquire().await {
-                Ok(true) => break,
-                Ok(false) if !waiting_said => {
-                    waiting_said = true;
-                    let holder = lease.current_holder().await.ok().flatten();
-                    tracing::info!(
-                        holder = holder.as_deref().unwrap_or(""),
-                        "another process leads (poller, router, publisher): standing by"
-                    );
+        let taken = loop {
+            let sent = std::time::Instant::now();
+            let wait = match lease.acquire().await {
+                Ok(Some(token)) => match ctx.store.raise_fence(token, lease.holder()).await {
+                    Ok(None) => break (token, sent),
+                    Ok(Some(higher)) => {
+                        // Redis lost the counter: move it past the database's fence
+                        // and take a new token.
+                        tracing::warn!(
+                            token,
+                            fence = higher,
+                            "the lease's token is behind the database's fence: drawing a new one"
+                        );
+                        let _ = lease.advance_token(higher).await;
+                        let _ = lease.release().await;
+                        Duration::ZERO
+                    }
+                    Err(e) => {
+                        tracing::warn!(error = %e, "cannot raise the database's fence: not leading yet");
+                        let _ = lease.release().await;
+                        period
+                    }
+                },
+                Ok(None) => {
+                    if !waiting_said {
+                        waiting_said = true;
+                        let holder = lease.current_holder().await.ok().flatten();
+                        tracing::info!(
+                            holder = holder.as_deref().unwrap_or(""),
+                            "another process leads (poller, router, publisher): standing by"
+                        );
+                    }
+                    // Try again when the holder's lease would expire.
+                    match lease.expires_in().await {
+                        Ok(Some(left)) => (left + Duration::from_millis(5)).min(lease.ttl()),
+                        Ok(None) => Duration::ZERO,
+                        Err(_) => period,
+                    }
                 }
-                Ok(false) => {}
-                Err(e) => tracing::warn!(error = %e, "cannot reach Redis for the leader lease"),
-            }
+                Err(e) => {
+                    tracing::warn!(error = %e, "cannot reach Redis for the leader lease");
+                    period
+                }
+            };
             tokio::select! {
                 _ = stop.cancelled() => return,
-                _ = tokio::time::sleep(period) => {}
+                _ = tokio::time::sleep(wait) => {}
             }
-        }
-        let taken = std::time::Instant::now();
+        };
+        let (token, sent) = taken;
+        ctx.store.fence().lead(token, sent + lease.ttl());
+        redis.set_fence(lease.value());
         tracing::info!(
             holder = lease.holder(),
+            fencingToken = token,
             "took the leader lease: running the poller, router and publisher"
         );
         ctx.status.set_role("leader");
         let term = stop.child_token();
-        let renewing = tokio::spawn(keep_lease(lease.clone(), taken, term.clone()));
+        let renewing = tokio::spawn(keep_lease(lease.clone(), ctx.clone(), sent, term.clone()));
         let mut tasks = JoinSet::new();
         let started =
             run_leader_stages(&ctx, follower.clone(), Role::Leader, &mut tasks, &term).await;
@@ -439,6 +480,7 @@ async fn lead(
         // Lost, or never started: either way not a stop.
         let lost = renewing.await.unwrap_or(true) || started.is_err();
         if lost {
+            ctx.store.fence().lose();
             // No draining: another process may lead already.
             tasks.abort_all();
             while tasks.join_next().await.is_some() {}
@@ -453,6 +495,7 @@ async fn lead(
             {
                 tasks.abort_all();
             }
+            ctx.store.fence().lose();
         }
         let _ = lease.release().await;
         if !lost || stop.is_cancelled() {
@@ -466,8 +509,14 @@ async fn lead(
 }
 
 /// Renews the lease every period until `term` (a stop: returns false) or until it is
-/// lost (cancels `term`, returns true).
-async fn keep_lease(lease: Arc<Lease>, taken: std::time::Instant, term: CancellationToken) -> bool {
+/// lost (cancels `term`, returns true). Each renewal extends how long this process's
+/// writes are fenced in (from when it was sent).
+async fn keep_lease(
+    lease: Arc<Lease>,
+    ctx: Arc<BotContext>,
+    taken: std::time::Instant,
+    term: CancellationToken,
+) -> bool {
     let period = lease.period();
     let ttl = lease.ttl();
     let mut renewed = taken;
@@ -476,11 +525,27 @@ async fn keep_lease(lease: Arc<Lease>, taken: std::time::Instant, term: Cancella
             _ = term.cancelled() => return false,
             _ = tokio::time::sleep(period) => {}
         }
+        // A process that was frozen wakes here late: past its lease, its writes stop
+        // at once (the fence), before the renewal below finds the lease gone.
+        if renewed.elapsed() >= ttl {
+            ctx.store.fence().lose();
+        }
         let sent = std::time::Instant::now();
         match tokio::time::timeout(period, lease.renew()).await {
-            Ok(Ok(true)) => renewed = sent,
+            Ok(Ok(true)) => {
+                renewed = sent;
+                ctx.store.fence().extend(sent + ttl);
+            }
             Ok(Ok(false)) => {
                 tracing::error!("the leader lease is held by another process");
+                ctx.store.fence().lose();
+                if crate::failpoint::skip("stop-on-lease-loss") {
+                    // A process whose stages go on past its lease (the tests): only
+                    // the fence stands between them and the new leader's work.
+                    tracing::warn!("failpoint skip:stop-on-lease-loss: the stages go on");
+                    term.cancelled().await;
+                    return false;
+                }
                 term.cancel();
                 return true;
             }
@@ -490,6 +555,7 @@ async fn keep_lease(lease: Arc<Lease>, taken: std::time::Instant, term: Cancella
         // The next try would come too late to be sure nobody else took it.
         if renewed.elapsed() + period >= ttl {
             tracing::error!("could not renew the leader lease in time");
+            ctx.store.fence().lose();
             term.cancel();
             return true;
         }

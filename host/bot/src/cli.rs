@@ -33,6 +33,30 @@ pub enum Command {
         #[command(subcommand)]
         action: DlqAction,
     },
+    /// Sends again mentions stuck in a state (after Redis lost its data): each goes on
+    /// from where it stands, and one whose message is still on a stream is left alone
+    /// (docs/bot.md "Redis losing its data"). Redis bus only.
+    Redrive {
+        /// The state they are stuck in.
+        #[arg(long, value_enum)]
+        status: StuckStatus,
+        /// How long at least since their state last changed: 90s, 10m, 2h, 1d.
+        #[arg(long, default_value = "10m")]
+        older_than: String,
+        /// At most this many.
+        #[arg(long, default_value_t = 10_000)]
+        limit: u32,
+        /// One JSON object per line.
+        #[arg(long)]
+        json: bool,
+    },
+}
+
+/// States a stuck mention can be in.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
+pub enum StuckStatus {
+    Pending,
+    Processing,
 }
 
 #[derive(Debug, Subcommand)]

@@ -371,6 +371,7 @@ pub struct LimitsConfig {
 #[derive(Debug, Clone, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct StorageConfig {
+    /// The bot's records: `sqlite://PATH` (the default) or `postgres://...`.
     pub database_url: String,
 }
 

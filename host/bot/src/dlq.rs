@@ -1,9 +1,11 @@
 //! `pkbot dlq list` and `pkbot dlq replay [ID]`: the operator's side of the dead
-//! letters. With the Redis bus they are the entries of `dead-letter.v1`; replaying one
-//! puts its payload back on its stream as a new message (its mention moved back from
-//! `failed` first, so the stage takes it up) and removes it from the dead letters.
-//! With the in-process bus they are the `dead_letters` table; replaying one moves its
-//! mention back to `pending`, and the running bot's re-drive takes it up within
+//! letters. Every dead letter is a row of the `dead_letters` table (with why, and the
+//! mention it is about); with the Redis bus it is also an entry of `dead-letter.v1`,
+//! and those entries are what is listed and replayed: replaying one puts its payload
+//! back on its stream as a new message (its mention moved back from `failed` first, so
+//! the stage takes it up) and removes it from the dead letters (the stream's entry and
+//! the row). With the in-process bus, replaying a row moves its mention back to
+//! `pending`, and the running bot's re-drive takes it up within
 //! `workers.redrive_interval_secs`.
 
 use crate::bus::{DeadLetterEntry, RedisBus, Topic};
@@ -23,6 +25,8 @@ pub enum DlqError {
     NoSuchLetter(String),
     #[error("metrics: {0}")]
     Metrics(#[from] prometheus::Error),
+    #[error("{0}")]
+    Usage(String),
 }
 
 /// A Redis URL with its password hidden (in the user part, or a `pass`/`password`
@@ -91,6 +95,16 @@ impl DeadLetters {
         }
     }
 
+    /// The bot's database.
+    pub fn store(&self) -> &Store {
+        &self.store
+    }
+
+    /// The Redis bus, when the bot runs on it.
+    pub fn redis(&self) -> Option<&RedisBus> {
+        self.redis.as_ref()
+    }
+
     pub async fn list(&self) -> Result<Vec<DeadLetterEntry>, DlqError> {
         match &self.redis {
             Some(bus) => bus.dead_letters().await.map_err(|e| self.bus_error(e)),
@@ -133,6 +147,7 @@ impl DeadLetters {
                     {
                         continue; // replayed by someone else meanwhile
                     }
+                    self.store.remove_bus_dead_letter(&letter.id).await?;
                 }
                 None => {
                     let id = letter.id.parse().unwrap_or(-1);

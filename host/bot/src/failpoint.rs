@@ -6,15 +6,34 @@
 //! stored, action not yet requested), `after-action` (reply stored, not yet handed
 //! on), `after-reserve` (reply reserved, not yet written), `after-publish` (reply
 //! written to the homeserver, not yet marked published).
+//!
+//! `PKBOT_FAILPOINT=skip:<name>` instead skips the step after the point once, and the
+//! process goes on: `skip:hand-on` records a mention without handing it on (what a
+//! leader that died right there leaves, with this process still running);
+//! `skip:stop-on-lease-loss` keeps a leader's stages running after it lost its lease
+//! (what only the fence then stops).
 
 use std::sync::OnceLock;
+use std::sync::atomic::{AtomicBool, Ordering};
+
+fn armed() -> Option<&'static str> {
+    static ARMED: OnceLock<Option<String>> = OnceLock::new();
+    ARMED
+        .get_or_init(|| std::env::var("PKBOT_FAILPOINT").ok())
+        .as_deref()
+}
 
 /// Aborts the process if `PKBOT_FAILPOINT` names `point`.
 pub fn hit(point: &str) {
-    static ARMED: OnceLock<Option<String>> = OnceLock::new();
-    let armed = ARMED.get_or_init(|| std::env::var("PKBOT_FAILPOINT").ok());
-    if armed.as_deref() == Some(point) {
+    if armed() == Some(point) {
         eprintln!("pkbot: failpoint {point}: aborting");
         std::process::abort();
     }
+}
+
+/// True the first time it is reached when `PKBOT_FAILPOINT` is `skip:<point>`.
+pub fn skip(point: &str) -> bool {
+    static SKIPPED: AtomicBool = AtomicBool::new(false);
+    armed().and_then(|a| a.strip_prefix("skip:")) == Some(point)
+        && !SKIPPED.swap(true, Ordering::SeqCst)
 }

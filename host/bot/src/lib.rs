@@ -13,8 +13,9 @@
 //!
 //! With the Redis bus the stages run in several processes: one holds the [`lease`] and
 //! runs the poller, router and publisher, others run workers (`WORKER_TYPE`); [`shared`]
-//! keeps idempotency keys and rate limits where all of them see them, and [`dlq`] is the
-//! operator's view of dead letters.
+//! keeps idempotency keys, action claims and rate limits where all of them see them,
+//! and [`dlq`] and [`redrive`] are the operator's tools for dead letters and stuck
+//! mentions.
 //!
 //! [`pipeline`] runs the stages and resumes after a crash; [`app`] builds everything
 //! ([`context`]), [`health`] serves `/api/health*` and `/metrics` ([`metrics`]);
@@ -39,6 +40,7 @@ pub mod poller;
 pub mod post;
 pub mod providers;
 pub mod publisher;
+pub mod redrive;
 pub mod router;
 pub mod shared;
 pub mod store;

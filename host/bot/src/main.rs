@@ -3,7 +3,7 @@
 use std::process::ExitCode;
 
 use clap::Parser;
-use pkbot::cli::{Cli, Command, DlqAction};
+use pkbot::cli::{Cli, Command, DlqAction, StuckStatus};
 use pkbot::{Bot, BotConfig, identity, logging};
 
 #[tokio::main]
@@ -40,6 +40,9 @@ async fn main() -> ExitCode {
             }
         }
         shown.bus.redis_url = pkbot::dlq::redacted(&shown.bus.redis_url);
+        if url::Url::parse(&shown.storage.database_url).is_ok_and(|u| u.password().is_some()) {
+            shown.storage.database_url = pkbot::dlq::redacted(&shown.storage.database_url);
+        }
         return match toml::to_string_pretty(&shown) {
             Ok(text) => {
                 print!("{text}");
@@ -66,8 +69,15 @@ async fn main() -> ExitCode {
             }
         };
     }
-    if let Some(Command::Dlq { action }) = cli.command {
-        return dlq(&config, action).await;
+    match cli.command {
+        Some(Command::Dlq { action }) => return dlq(&config, action).await,
+        Some(Command::Redrive {
+            status,
+            older_than,
+            limit,
+            json,
+        }) => return redrive(&config, status, &older_than, limit, json).await,
+        None => {}
     }
     logging::init(config.logging.format);
     match Bot::start(config).await {
@@ -124,6 +134,66 @@ async fn dlq(config: &BotConfig, action: DlqAction) -> ExitCode {
     letters.close().await;
     match result {
         Ok(()) => ExitCode::SUCCESS,
+        Err(e) => {
+            eprintln!("pkbot: {e}");
+            ExitCode::FAILURE
+        }
+    }
+}
+
+/// `pkbot redrive ...`.
+async fn redrive(
+    config: &BotConfig,
+    status: StuckStatus,
+    older_than: &str,
+    limit: u32,
+    json: bool,
+) -> ExitCode {
+    let older_than = match pkbot::redrive::parse_age(older_than) {
+        Ok(age) => age,
+        Err(e) => {
+            eprintln!("pkbot: {e}");
+            return ExitCode::from(2);
+        }
+    };
+    let handles = match pkbot::dlq::DeadLetters::open(config).await {
+        Ok(h) => h,
+        Err(e) => {
+            eprintln!("pkbot: {e}");
+            return ExitCode::FAILURE;
+        }
+    };
+    let Some(bus) = handles.redis() else {
+        eprintln!(
+            "pkbot: redrive is for the Redis bus; with the in-process bus the running bot \
+             drives unfinished mentions again every workers.redrive_interval_secs"
+        );
+        handles.close().await;
+        return ExitCode::from(2);
+    };
+    let status = match status {
+        StuckStatus::Pending => pkbot::store::MentionStatus::Pending,
+        StuckStatus::Processing => pkbot::store::MentionStatus::Processing,
+    };
+    let result = pkbot::redrive::redrive(handles.store(), bus, status, older_than, limit).await;
+    handles.close().await;
+    match result {
+        Ok(sent) => {
+            for one in &sent {
+                if json {
+                    println!("{}", serde_json::to_string(one).unwrap_or_default());
+                } else {
+                    println!(
+                        "re-sent {} ({}) onto {}",
+                        one.mention_id, one.status, one.stream
+                    );
+                }
+            }
+            if sent.is_empty() && !json {
+                eprintln!("nothing stuck");
+            }
+            ExitCode::SUCCESS
+        }
         Err(e) => {
             eprintln!("pkbot: {e}");
             ExitCode::FAILURE

@@ -2,7 +2,8 @@
 //! factcheck workers (each `WORKER_CONCURRENCY_*` at once) on their request streams,
 //! the publisher on `action.completed.v1`; which of them depends on the process's
 //! [`Role`]. What a stop or a failure left unfinished is driven again ([`recover`] at
-//! start; with the in-process bus also [`redrive`] every `workers.redrive_interval_secs`).
+//! start; then every `workers.redrive_interval_secs`: [`redrive`] with the in-process
+//! bus, [`resend_pending`] on Redis), each mention from where it stands ([`resume`]).
 //!
 //! A stage that fails is handled by what the bus can do:
 //! - in process, it is tried again a few times with a growing pause. A failure that
@@ -14,8 +15,10 @@
 //!   the group's pending list, and another delivery comes after `bus.claim_idle_ms`,
 //!   until `bus.max_deliveries`;
 //! - any other failure (or a panic), a message delivered too often and one that cannot
-//!   be read are dead-lettered (`dead-letter.v1` on Redis, the `dead_letters` table in
-//!   process) and the mention is failed with the reason.
+//!   be read are dead-lettered (the `dead_letters` table, and `dead-letter.v1` on
+//!   Redis) and the mention is failed with the reason;
+//! - a stage that finds another process has its work (this one lost the leader lease or
+//!   the action's claim) leaves the message to it.
 
 use std::collections::HashSet;
 use std::future::Future;
@@ -28,7 +31,7 @@ use tokio_util::sync::CancellationToken;
 
 use crate::bus::{Consumer, Delivery, MentionReceived, Message, Topic};
 use crate::context::BotContext;
-use crate::store::{ActionType, MentionStatus, now_secs};
+use crate::store::{ActionType, Mention, MentionStatus, now_secs};
 use crate::workers::StageError;
 use crate::{publisher, router, workers};
 
@@ -149,12 +152,8 @@ pub async fn start(
         },
     )
     .await?;
-    if ctx.bus.redelivers() {
-        // The bus's pending lists bring failed messages back.
-        return Ok(());
-    }
     let (ctx, stop) = (ctx.clone(), stop.clone());
-    let every = Duration::from_secs(ctx.config.workers.redrive_interval_secs);
+    let every = Duration::from_secs(ctx.config.workers.redrive_interval_secs.max(1));
     tasks.spawn(async move {
         let mut tick = tokio::time::interval(every);
         tick.tick().await; // the first is at start: `recover` does that one
@@ -163,7 +162,16 @@ pub async fn start(
                 _ = stop.cancelled() => return,
                 _ = tick.tick() => {}
             }
-            if let Err(e) = redrive(&ctx, &in_flight).await {
+            // On Redis the pending lists bring failed messages back; what no list
+            // holds is a mention recorded but never handed on (a leader died in
+            // between): those are re-sent. In process, every unfinished mention no
+            // stage works on is driven again.
+            let driven = if ctx.bus.redelivers() {
+                resend_pending(&ctx).await
+            } else {
+                redrive(&ctx, &in_flight).await
+            };
+            if let Err(e) = driven {
                 tracing::warn!(error = %e, "re-driving unfinished mentions failed");
             }
         }
@@ -275,6 +283,21 @@ async fn deliver<F, Fut>(
                     .unwrap_or_default()
             )),
         };
+        if error.is_superseded() {
+            // Another process has this work now (this one lost the leader lease or
+            // the action's claim): its message is left to it, untouched.
+            tracing::warn!(
+                mentionId = message.mention_id().unwrap_or(""),
+                stream = topic.name(),
+                error = %error,
+                "left to the process that took this work over"
+            );
+            // No longer kept claimed here: the process that has the work takes it.
+            if let Err(e) = consumer.failed(&delivery, &error.to_string()).await {
+                tracing::warn!(stream = topic.name(), error = %e, "could not let a message go");
+            }
+            return;
+        }
         transient = error.is_transient();
         last_error = error.to_string();
         tracing::warn!(
@@ -326,18 +349,22 @@ async fn dead_letter(ctx: &BotContext, consumer: &dyn Consumer, delivery: &Deliv
             .await;
     }
     match consumer.dead_letter(delivery, reason).await {
-        Ok(true) => {}
-        Ok(false) => {
-            let _ = ctx
+        Ok(bus_id) => {
+            // The database keeps every dead letter (with its entry in dead-letter.v1
+            // when the bus keeps one): the record an operator reads and replays.
+            if let Err(e) = ctx
                 .store
                 .dead_letter(
                     topic.name(),
                     &delivery.payload,
                     reason,
                     delivery.mention_id(),
-                    None,
+                    bus_id.as_deref(),
                 )
-                .await;
+                .await
+            {
+                tracing::warn!(stream = topic.name(), error = %e, "could not record a dead letter in the database");
+            }
         }
         Err(e) => {
             tracing::warn!(stream = topic.name(), error = %e, "could not dead-letter a message");
@@ -345,29 +372,18 @@ async fn dead_letter(ctx: &BotContext, consumer: &dyn Consumer, delivery: &Deliv
     }
 }
 
-/// Drives again what a stop left unfinished: executions still pending are failed as
-/// interrupted, and every mention that is pending or processing is received again
-/// (each stage then finds its own earlier answer and moves on from there). Returns how
-/// many mentions it drove again.
+/// Drives again what a stop left unfinished. In process: executions still pending are
+/// failed as interrupted, and every mention that is pending or processing is driven
+/// again from where it stands ([`resume`]). On Redis, where workers in other processes
+/// may be running actions right now and messages on their way are in Redis's lists:
+/// the pending mentions no message carries ([`resend_pending`]). Returns how many
+/// mentions it drove again.
 pub async fn recover(ctx: &BotContext) -> Result<usize, StageError> {
     if ctx.bus.redelivers() {
-        // Workers in other processes may be running actions right now, and messages
-        // on their way are in Redis: only mentions the poller recorded without
-        // handing them on (it stopped in between) need driving, those still `pending`
-        // a claim time after they came in (a younger one is likely still queued).
-        let claim = i64::try_from(ctx.config.bus.claim_idle_ms / 1000).unwrap_or(i64::MAX);
-        let by = crate::store::now_secs().saturating_sub(claim);
-        let driven = drive_unfinished(ctx, &InFlight::default(), Some(by)).await?;
-        if driven > 0 {
-            tracing::info!(
-                mentions = driven,
-                "resuming what the last stop left unfinished"
-            );
-        }
-        return Ok(driven);
+        return resend_pending(ctx).await;
     }
     let interrupted = ctx.store.fail_interrupted_executions(None).await?;
-    let driven = drive_unfinished(ctx, &InFlight::default(), None).await?;
+    let driven = drive_unfinished(ctx, &InFlight::default()).await?;
     if interrupted > 0 || driven > 0 {
         tracing::info!(
             interruptedActions = interrupted,
@@ -378,69 +394,112 @@ pub async fn recover(ctx: &BotContext) -> Result<usize, StageError> {
     Ok(driven)
 }
 
+/// Re-sends `mention.received.v1` for mentions still `pending` a claim time after
+/// they came in whose message is on no stream (the leader that recorded them stopped
+/// before it handed them on, or Redis lost them). The leader does this at start and
+/// every `workers.redrive_interval_secs` while it runs.
+pub async fn resend_pending(ctx: &BotContext) -> Result<usize, StageError> {
+    let claim = i64::try_from(ctx.config.bus.claim_idle_ms / 1000)
+        .unwrap_or(i64::MAX)
+        .max(1);
+    let by = now_secs().saturating_sub(claim);
+    let stale = ctx
+        .store
+        .mentions_in_state(MentionStatus::Pending, by, 1000)
+        .await?;
+    if stale.is_empty() {
+        return Ok(0);
+    }
+    // Listed after the mentions: one handed on meanwhile is in the list.
+    let queued = ctx
+        .bus
+        .queued_mentions(Topic::MentionReceived)
+        .await?
+        .unwrap_or_default();
+    let mut sent = 0;
+    for m in stale.into_iter().filter(|m| !queued.contains(&m.id)) {
+        tracing::info!(mentionId = %m.id, "re-sending a pending mention no message carries");
+        if resume(ctx, m).await? {
+            sent += 1;
+        }
+    }
+    Ok(sent)
+}
+
 /// Drives again the unfinished mentions no stage is working on (those a failure that
 /// may pass left behind).
 pub async fn redrive(ctx: &BotContext, in_flight: &InFlight) -> Result<usize, StageError> {
-    let driven = drive_unfinished(ctx, in_flight, None).await?;
+    let driven = drive_unfinished(ctx, in_flight).await?;
     if driven > 0 {
         tracing::info!(mentions = driven, "trying unfinished mentions again");
     }
     Ok(driven)
 }
 
-/// Publishes the unfinished mentions again (see `Store::unfinished_mentions`).
-async fn drive_unfinished(
-    ctx: &BotContext,
-    in_flight: &InFlight,
-    pending_received_by: Option<i64>,
-) -> Result<usize, StageError> {
-    let max_age = i64::try_from(ctx.config.poller.max_age_secs).unwrap_or(i64::MAX);
-    let mut driven = 0;
-    let mut unfinished = ctx
-        .store
-        .mentions_in_state(
-            MentionStatus::Pending,
-            pending_received_by.unwrap_or(i64::MAX),
-            u32::MAX,
-        )
-        .await?;
-    if pending_received_by.is_none() {
+/// Drives every pending or processing mention no stage is working on ([`resume`]).
+async fn drive_unfinished(ctx: &BotContext, in_flight: &InFlight) -> Result<usize, StageError> {
+    let mut unfinished = Vec::new();
+    for status in [MentionStatus::Pending, MentionStatus::Processing] {
         unfinished.extend(
             ctx.store
-                .mentions_in_state(MentionStatus::Processing, i64::MAX, u32::MAX)
+                .mentions_in_state(status, i64::MAX, u32::MAX)
                 .await?,
         );
     }
+    let mut driven = 0;
     for m in unfinished {
-        let (id, posted_at) = (m.id.clone(), m.posted_at);
-        if in_flight.contains(&id) {
+        if in_flight.contains(&m.id) {
             continue;
         }
-        if now_secs().saturating_sub(posted_at) > max_age {
-            // Too old to answer now (and a reserved reply is not published this late).
-            ctx.store
-                .set_mention_status(
-                    &id,
-                    MentionStatus::Failed,
-                    Some("gave up: still unanswered when the mention grew older than poller.max_age_secs"),
-                )
-                .await?;
-            continue;
+        if resume(ctx, m).await? {
+            driven += 1;
         }
-        let Some(m) = ctx.store.mention(&id).await? else {
-            continue;
-        };
-        ctx.bus
-            .publish(
-                Topic::MentionReceived,
-                Message::MentionReceived(MentionReceived {
-                    mention_id: m.id,
-                    author_pubky: m.author,
-                    post_uri: m.post_uri,
-                }),
-            )
-            .await?;
-        driven += 1;
     }
     Ok(driven)
+}
+
+/// Sends an unfinished mention on from where it stands: a pending one to the router; a
+/// processing one (routed) to where its decision says, the worker of its action (which
+/// hands on the reply of an action that succeeded) or the publisher (a notice): each
+/// stage finds its own earlier answer, and the reply reserved before is the one that is
+/// published. A mention older than `poller.max_age_secs` is failed instead. Returns
+/// whether a message was sent.
+pub async fn resume(ctx: &BotContext, m: Mention) -> Result<bool, StageError> {
+    let max_age = i64::try_from(ctx.config.poller.max_age_secs).unwrap_or(i64::MAX);
+    if now_secs().saturating_sub(m.posted_at) > max_age {
+        // Too old to answer now (and a reserved reply is not published this late).
+        ctx.store
+            .set_mention_status(
+                &m.id,
+                MentionStatus::Failed,
+                Some("gave up: still unanswered when the mention grew older than poller.max_age_secs"),
+            )
+            .await?;
+        return Ok(false);
+    }
+    let decision = match m.status {
+        MentionStatus::Processing => ctx.store.routing_decision(&m.id).await?,
+        _ => None,
+    };
+    if let Some(decision) = decision {
+        return router::hand_on(ctx, &m, &decision).await;
+    }
+    if m.status == MentionStatus::Processing {
+        // Processing without a decision (replayed from a later stage's dead letter
+        // whose decision is gone): routed again from the start.
+        ctx.store
+            .set_mention_status(&m.id, MentionStatus::Pending, None)
+            .await?;
+    }
+    ctx.bus
+        .publish(
+            Topic::MentionReceived,
+            Message::MentionReceived(MentionReceived {
+                mention_id: m.id,
+                author_pubky: m.author,
+                post_uri: m.post_uri,
+            }),
+        )
+        .await?;
+    Ok(true)
 }

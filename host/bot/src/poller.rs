@@ -145,6 +145,10 @@ async fn ingest(ctx: &BotContext, post: Post) -> Result<bool, IndexError> {
     }
     tracing::info!(mentionId = %id, author = %mention.author, "mention received");
     crate::failpoint::hit("after-ingest");
+    if crate::failpoint::skip("hand-on") {
+        tracing::warn!(mentionId = %id, "failpoint skip:hand-on: the mention is not handed on");
+        return Ok(true);
+    }
     hand_on(
         ctx,
         MentionReceived {
@@ -158,8 +162,8 @@ async fn ingest(ctx: &BotContext, post: Post) -> Result<bool, IndexError> {
 }
 
 /// Publishes `mention.received.v1`. If the bus cannot take it now, it is kept and
-/// published again at the next poll (and, should this process stop first, the next
-/// leader's start drives the still-`pending` mention).
+/// published again at the next poll (and, should this process stop first, the leader's
+/// re-send of pending mentions no message carries drives it: `pipeline::resend_pending`).
 async fn hand_on(ctx: &BotContext, m: MentionReceived) {
     if let Err(e) = ctx
         .bus

@@ -4,7 +4,9 @@
 //! At most one reply per mention, whatever crashes when: the reply (its post id, text
 //! and thread) is reserved in the database before it is written, a reserved reply is
 //! always the one written (a restart writes the same post again, which is harmless),
-//! and `published_at` is set once the homeserver has it.
+//! and `published_at` is set once the homeserver has it. The reservation, the write and
+//! `published_at` happen only while this process holds the leader lease (the fence):
+//! a process that resumes after a freeze past its lease publishes nothing.
 
 use std::sync::Arc;
 
@@ -69,6 +71,9 @@ pub async fn handle(ctx: Arc<BotContext>, done: ActionCompleted) -> Result<(), S
         let post = PubkyAppPost::reply(reply.content.clone(), &uri);
         let body = serde_json::to_vec(&post).map_err(|e| StageError::Other(e.to_string()))?;
         let path = PostUri::new(ctx.key, reply.post_id.clone()).path();
+        // Only while this process still leads (fencing): one that resumed after a
+        // freeze past its lease writes nothing.
+        ctx.store.check_fence().await?;
         // A failure is the pipeline's to retry (and the re-drive's later): the
         // reservation keeps this the same post, so writing it twice is harmless.
         ctx.homeserver

@@ -105,8 +105,8 @@ impl Consumer for InProcessConsumer {
         Ok(())
     }
 
-    async fn dead_letter(&self, _: &Delivery, _: &str) -> Result<bool, BusError> {
-        Ok(false)
+    async fn dead_letter(&self, _: &Delivery, _: &str) -> Result<Option<String>, BusError> {
+        Ok(None)
     }
 }
 

@@ -12,6 +12,7 @@
 pub mod in_process;
 pub mod redis;
 
+use std::collections::HashSet;
 use std::sync::Arc;
 
 use async_trait::async_trait;
@@ -171,6 +172,9 @@ pub enum BusError {
     Redis(#[from] ::redis::RedisError),
     #[error("the bus: {0}")]
     Invalid(String),
+    /// A publish of a process that no longer holds the leader lease.
+    #[error("refused: this process no longer holds the leader lease")]
+    Fenced,
 }
 
 /// A message as a consumer received it.
@@ -216,6 +220,12 @@ pub trait Bus: Send + Sync {
     /// Whether a message that was not acknowledged comes back by itself (Redis's
     /// pending lists). When false, the pipeline's re-drive from the database does it.
     fn redelivers(&self) -> bool;
+
+    /// The mentions whose messages are on `topic` now (queued, or taken and not yet
+    /// acknowledged), when the bus can tell (Redis); None when it cannot.
+    async fn queued_mentions(&self, _topic: Topic) -> Result<Option<HashSet<String>>, BusError> {
+        Ok(None)
+    }
 }
 
 /// One consumer of a group.
@@ -232,9 +242,14 @@ pub trait Consumer: Send + Sync {
     /// becomes after too many.
     async fn failed(&self, delivery: &Delivery, reason: &str) -> Result<(), BusError>;
 
-    /// Moves the message to `dead-letter.v1` with `reason`. Returns false when this bus
-    /// keeps no dead letters (the caller records them).
-    async fn dead_letter(&self, delivery: &Delivery, reason: &str) -> Result<bool, BusError>;
+    /// Moves the message to `dead-letter.v1` with `reason`. Returns the dead letter's
+    /// id there, or None when this bus keeps no dead letters (the database's table is
+    /// then the only record).
+    async fn dead_letter(
+        &self,
+        delivery: &Delivery,
+        reason: &str,
+    ) -> Result<Option<String>, BusError>;
 }
 
 #[cfg(test)]

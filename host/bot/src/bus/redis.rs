@@ -72,6 +72,9 @@ struct Shared {
     consumers: AtomicUsize,
     /// `<host>-<pid>`: what this process's consumer names start with.
     process: String,
+    /// While this process leads: the leader lease's value (`<holder>#<token>`) that
+    /// every publish checks, in the same step, is still the lease's.
+    fence: Mutex<Option<String>>,
 }
 
 impl Shared {
@@ -114,6 +117,7 @@ impl RedisBus {
                 ops: Ops(ops),
                 consumers: AtomicUsize::new(0),
                 process: process_name(),
+                fence: Mutex::new(None),
             }),
         })
     }
@@ -126,6 +130,13 @@ impl RedisBus {
     /// The key `name` with the configured prefix.
     pub fn key(&self, name: &str) -> String {
         self.shared.key(name)
+    }
+
+    /// Fences this process's publishes with the leader lease's value (see
+    /// `lease`): from now on a publish goes out only while the lease holds it. A
+    /// process that lost the lease keeps the old value, so its publishes are refused.
+    pub fn set_fence(&self, lease_value: String) {
+        *self.shared.fence.lock().unwrap_or_else(|e| e.into_inner()) = Some(lease_value);
     }
 
     /// Counts one Redis command of another user of this connection.
@@ -241,14 +252,73 @@ impl Bus for RedisBus {
     async fn publish(&self, topic: Topic, message: Message) -> Result<(), BusError> {
         let mut conn = self.shared.conn.clone();
         self.shared.ops.count("publish");
-        let _: String = redis::cmd("XADD")
-            .arg(self.shared.key(topic.name()))
-            .arg("*")
-            .arg("payload")
-            .arg(message.payload().to_string())
-            .query_async(&mut conn)
-            .await?;
-        Ok(())
+        let fence = self
+            .shared
+            .fence
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .clone();
+        let stream = self.shared.key(topic.name());
+        let payload = message.payload().to_string();
+        let Some(lease_value) = fence else {
+            let _: String = redis::cmd("XADD")
+                .arg(stream)
+                .arg("*")
+                .arg("payload")
+                .arg(payload)
+                .query_async(&mut conn)
+                .await?;
+            return Ok(());
+        };
+        let added: Result<String, RedisError> = redis::Script::new(FENCED_PUBLISH)
+            .key(stream)
+            .key(self.shared.key("pkbot:leader"))
+            .arg(lease_value)
+            .arg(payload)
+            .invoke_async(&mut conn)
+            .await;
+        match added {
+            Ok(_) => Ok(()),
+            Err(e) if e.code() == Some("FENCED") => Err(BusError::Fenced),
+            Err(e) => Err(e.into()),
+        }
+    }
+
+    async fn queued_mentions(&self, topic: Topic) -> Result<Option<HashSet<String>>, BusError> {
+        let mut conn = self.shared.conn.clone();
+        let stream = self.shared.key(topic.name());
+        let mut ids = HashSet::new();
+        let mut start = "-".to_owned();
+        loop {
+            self.shared.ops.count("scan");
+            let page: StreamRangeReply = redis::cmd("XRANGE")
+                .arg(&stream)
+                .arg(&start)
+                .arg("+")
+                .arg("COUNT")
+                .arg(500)
+                .query_async(&mut conn)
+                .await?;
+            let Some(last) = page.ids.last() else {
+                break;
+            };
+            start = format!("({}", last.id);
+            let full = page.ids.len() == 500;
+            for entry in &page.ids {
+                let payload: String = entry.get("payload").unwrap_or_default();
+                if let Some(id) = Message::decode(topic, &payload)
+                    .ok()
+                    .as_ref()
+                    .and_then(Message::mention_id)
+                {
+                    ids.insert(id.to_owned());
+                }
+            }
+            if !full {
+                break;
+            }
+        }
+        Ok(Some(ids))
     }
 
     async fn consumer(&self, topic: Topic) -> Result<Arc<dyn Consumer>, BusError> {
@@ -528,20 +598,22 @@ impl Consumer for RedisConsumer {
         self.working().remove(&delivery.id);
         let mut conn = self.shared.conn.clone();
         self.shared.ops.count("ack");
-        let _: Value = redis::pipe()
-            .atomic()
-            .cmd("XACK")
-            .arg(&self.stream)
+        let acked: i64 = redis::Script::new(ACK)
+            .key(&self.stream)
+            .key(self.shared.failures_key())
             .arg(self.group)
+            .arg(&self.name)
             .arg(&delivery.id)
-            .cmd("XDEL")
-            .arg(&self.stream)
-            .arg(&delivery.id)
-            .cmd("HDEL")
-            .arg(self.shared.failures_key())
             .arg(self.failure_field(&delivery.id))
-            .query_async(&mut conn)
+            .invoke_async(&mut conn)
             .await?;
+        if acked == 0 {
+            tracing::info!(
+                stream = self.topic.name(),
+                messageId = %delivery.id,
+                "not acknowledged: another consumer took the message over meanwhile"
+            );
+        }
         Ok(())
     }
 
@@ -559,45 +631,77 @@ impl Consumer for RedisConsumer {
         Ok(())
     }
 
-    async fn dead_letter(&self, delivery: &Delivery, reason: &str) -> Result<bool, BusError> {
+    async fn dead_letter(
+        &self,
+        delivery: &Delivery,
+        reason: &str,
+    ) -> Result<Option<String>, BusError> {
         self.working().remove(&delivery.id);
         let mut conn = self.shared.conn.clone();
         self.shared.ops.count("dead_letter");
         let at = std::time::SystemTime::now()
             .duration_since(std::time::UNIX_EPOCH)
             .map_or(0, |d| d.as_secs());
-        let _: Value = redis::pipe()
-            .atomic()
-            .cmd("XADD")
-            .arg(self.shared.key(Topic::DeadLetter.name()))
-            .arg("*")
-            .arg("stream")
-            .arg(self.topic.name())
-            .arg("id")
-            .arg(&delivery.id)
-            .arg("payload")
-            .arg(&delivery.payload)
-            .arg("reason")
-            .arg(reason)
-            .arg("deliveries")
-            .arg(delivery.deliveries)
-            .arg("at")
-            .arg(at)
-            .cmd("XACK")
-            .arg(&self.stream)
+        let letter: String = redis::Script::new(DEAD_LETTER)
+            .key(&self.stream)
+            .key(self.shared.failures_key())
+            .key(self.shared.key(Topic::DeadLetter.name()))
             .arg(self.group)
+            .arg(&self.name)
             .arg(&delivery.id)
-            .cmd("XDEL")
-            .arg(&self.stream)
-            .arg(&delivery.id)
-            .cmd("HDEL")
-            .arg(self.shared.failures_key())
             .arg(self.failure_field(&delivery.id))
-            .query_async(&mut conn)
+            .arg(self.topic.name())
+            .arg(&delivery.payload)
+            .arg(reason)
+            .arg(delivery.deliveries)
+            .arg(at)
+            .invoke_async(&mut conn)
             .await?;
-        Ok(true)
+        if letter.is_empty() {
+            return Err(BusError::Invalid(
+                "not dead-lettered: another consumer took the message over meanwhile".into(),
+            ));
+        }
+        Ok(Some(letter))
     }
 }
+
+/// Moves message ARGV[3] (of group ARGV[1]) to the dead letters (KEYS[3]) with where it
+/// came from, its payload, the reason, its deliveries and the time, and acknowledges
+/// it, in one step, unless a consumer other than ARGV[2] took it over meanwhile.
+/// Returns the dead letter's id, or '' when it was not this consumer's.
+const DEAD_LETTER: &str = r"
+local entry = redis.call('XPENDING', KEYS[1], ARGV[1], ARGV[3], ARGV[3], 1)
+if entry[1] and entry[1][2] ~= ARGV[2] then
+  return ''
+end
+local letter = redis.call('XADD', KEYS[3], '*', 'stream', ARGV[5], 'id', ARGV[3],
+  'payload', ARGV[6], 'reason', ARGV[7], 'deliveries', ARGV[8], 'at', ARGV[9])
+redis.call('XACK', KEYS[1], ARGV[1], ARGV[3])
+redis.call('XDEL', KEYS[1], ARGV[3])
+redis.call('HDEL', KEYS[2], ARGV[4])
+return letter";
+
+/// Publishes (XADD) only while the leader lease (KEYS[2]) holds ARGV[1].
+const FENCED_PUBLISH: &str = r"
+if redis.call('GET', KEYS[2]) ~= ARGV[1] then
+  return redis.error_reply('FENCED this process no longer holds the leader lease')
+end
+return redis.call('XADD', KEYS[1], '*', 'payload', ARGV[2])";
+
+/// Acknowledges (and deletes) message ARGV[3] of group ARGV[1] and forgets its failure
+/// note (KEYS[2], field ARGV[4]), unless another consumer than ARGV[2] took it over
+/// meanwhile (this one stalled past the claim time): that one acknowledges it when
+/// it is done. Returns 1 when acknowledged.
+const ACK: &str = r"
+local entry = redis.call('XPENDING', KEYS[1], ARGV[1], ARGV[3], ARGV[3], 1)
+if entry[1] and entry[1][2] ~= ARGV[2] then
+  return 0
+end
+redis.call('XACK', KEYS[1], ARGV[1], ARGV[3])
+redis.call('XDEL', KEYS[1], ARGV[3])
+redis.call('HDEL', KEYS[2], ARGV[4])
+return 1";
 
 /// Renews the claim on messages still owned by the consumer (ARGV[1] = group, ARGV[2]
 /// = consumer, then ids): each is claimed again (JUSTID: its idle time restarts and no

@@ -268,6 +268,20 @@ impl Index for EmbeddedIndex {
         Ok(rows.into_iter().filter_map(to_post).collect())
     }
 
+    /// One query: the database walks the tree (a recursive query).
+    async fn descendants(&self, root: &PostUri) -> Result<Vec<Post>, IndexError> {
+        let rows = self
+            .store
+            .index_descendants(
+                &root.to_string(),
+                super::MAX_DEPTH as u32,
+                super::MAX_THREAD_POSTS as u32,
+            )
+            .await
+            .map_err(unavailable)?;
+        Ok(rows.into_iter().filter_map(to_post).collect())
+    }
+
     fn new_mentions(&self) -> Option<Arc<Notify>> {
         Some(self.new_mentions.clone())
     }

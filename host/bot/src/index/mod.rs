@@ -57,19 +57,48 @@ pub trait Index: Send + Sync {
     /// The direct replies to a post, oldest first.
     async fn replies(&self, uri: &PostUri) -> Result<Vec<Post>, IndexError>;
 
+    /// Every post under `root`: replies, replies to replies and so on down every
+    /// branch ([`MAX_DEPTH`] levels, [`MAX_THREAD_POSTS`] posts at most, the oldest
+    /// kept), oldest first. By default one [`Index::replies`] call per post read.
+    async fn descendants(&self, root: &PostUri) -> Result<Vec<Post>, IndexError> {
+        let mut found: Vec<Post> = Vec::new();
+        let mut level = vec![root.clone()];
+        for _ in 0..=MAX_DEPTH {
+            let mut next = Vec::new();
+            for parent in &level {
+                for reply in self.replies(parent).await? {
+                    if found.len() >= MAX_THREAD_POSTS {
+                        break;
+                    }
+                    if reply.uri != *root && !found.iter().any(|p| p.uri == reply.uri) {
+                        next.push(reply.uri.clone());
+                        found.push(reply);
+                    }
+                }
+            }
+            if next.is_empty() || found.len() >= MAX_THREAD_POSTS {
+                break;
+            }
+            level = next;
+        }
+        found.sort_by(|a, b| a.uri.id.cmp(&b.uri.id));
+        Ok(found)
+    }
+
     /// Woken when new mentions may be there, if the index can tell (the embedded one can).
     fn new_mentions(&self) -> Option<Arc<Notify>> {
         None
     }
 }
 
-/// A thread around a post: its ancestors from the root, the post, and the replies to
-/// the root and to the post (each once), in time order.
+/// A thread around a post: its ancestors from the root down to the post, and every
+/// other post under the root, down every branch.
 #[derive(Debug, Clone, Default)]
 pub struct Thread {
     /// The root first, then each ancestor down to the post itself.
     pub ancestors: Vec<Post>,
-    /// Replies in the thread that are not ancestors, oldest first.
+    /// Every other post under the root (side branches, replies to replies, replies to
+    /// the post), oldest first.
     pub replies: Vec<Post>,
 }
 
@@ -80,13 +109,13 @@ impl Thread {
     }
 }
 
-/// Ancestors are followed at most this far up.
-const MAX_DEPTH: usize = 32;
-/// Replies read per post, at most.
-const MAX_REPLIES: usize = 200;
+/// Ancestors are followed at most this far up, and branches this far down.
+pub const MAX_DEPTH: usize = 32;
+/// Posts read under one root, at most.
+pub const MAX_THREAD_POSTS: usize = 500;
 
-/// Reads the thread of `uri` from `index`: up the parent chain to the root, then the
-/// replies to the root and to every ancestor.
+/// Reads the thread of `uri` from `index`: up the parent chain to the root, then every
+/// post under the root.
 pub async fn thread(index: &dyn Index, uri: &PostUri) -> Result<Thread, IndexError> {
     let mut ancestors = Vec::new();
     let mut next = Some(uri.clone());
@@ -103,17 +132,15 @@ pub async fn thread(index: &dyn Index, uri: &PostUri) -> Result<Thread, IndexErr
         }
     }
     ancestors.reverse();
-    let mut replies: Vec<Post> = Vec::new();
-    for ancestor in &ancestors {
-        for reply in index.replies(&ancestor.uri).await? {
-            let known = ancestors.iter().any(|a| a.uri == reply.uri)
-                || replies.iter().any(|r| r.uri == reply.uri);
-            if !known && replies.len() < MAX_REPLIES {
-                replies.push(reply);
-            }
-        }
-    }
-    replies.sort_by(|a, b| a.uri.id.cmp(&b.uri.id));
+    let replies = match ancestors.first() {
+        Some(root) => index
+            .descendants(&root.uri)
+            .await?
+            .into_iter()
+            .filter(|p| !ancestors.iter().any(|a| a.uri == p.uri))
+            .collect(),
+        None => Vec::new(),
+    };
     Ok(Thread { ancestors, replies })
 }
 

@@ -1,13 +1,17 @@
-//! The summary action: reads the whole thread (root, ancestors, replies), cuts it to the
-//! token budget (the root and the newest posts stay), and answers with at most three
-//! bullet points: from the AI model, or, in local mode, the thread's most representative
-//! sentences (the reply says it is a local summary).
+//! The summary action: reads the whole thread (the root and every branch under it,
+//! replies to replies included), cuts it to the token budget (whole branches, the
+//! newest first; the root and the posts leading to the mention stay), and answers with
+//! at most three bullet points: from the AI model, or, in local mode, the thread's most
+//! representative sentences (the reply says it is a local summary). The posts go to
+//! the model in the order they were written.
 
 use serde_json::json;
 
 use super::{StageError, local_outcome};
 use crate::context::BotContext;
-use crate::index::{self, Post};
+use std::collections::{BTreeMap, HashMap};
+
+use crate::index::{self, Post, Thread};
 use crate::post::PostUri;
 use crate::providers::{ChatMessage, fenced, local};
 use crate::store::{Mention, Outcome};
@@ -26,13 +30,10 @@ pub async fn run(ctx: &BotContext, mention: &Mention) -> Result<Outcome, StageEr
     let uri = PostUri::parse(&mention.post_uri)
         .ok_or_else(|| StageError::Other(format!("bad post URI {}", mention.post_uri)))?;
     let thread = index::thread(ctx.index.as_ref(), &uri).await?;
-    let mut posts: Vec<Post> = thread
-        .ancestors
-        .iter()
-        .chain(&thread.replies)
-        .filter(|p| p.uri.author != ctx.key && !ctx.matcher.mentions(&p.content))
-        .cloned()
-        .collect();
+    // The bot's own posts and the mentions of it are not what the thread says.
+    let readable = |p: &Post| p.uri.author != ctx.key && !ctx.matcher.mentions(&p.content);
+    let (mut posts, truncated) =
+        within_budget(&thread, readable, ctx.config.summary.max_input_tokens);
     if posts.is_empty() {
         // Only the mention itself: summarize what it says, without the mention.
         posts = thread
@@ -45,7 +46,6 @@ pub async fn run(ctx: &BotContext, mention: &Mention) -> Result<Outcome, StageEr
             .into_iter()
             .collect();
     }
-    let (posts, truncated) = within_budget(posts, ctx.config.summary.max_input_tokens);
     if posts.iter().all(|p| p.content.trim().is_empty()) {
         return Ok(local_outcome(
             "There is nothing in this thread to summarize yet.".into(),
@@ -107,32 +107,75 @@ fn short_key(uri: &PostUri) -> String {
     uri.author.to_z32().chars().take(8).collect()
 }
 
-/// The posts that fit `max_tokens`: the root always, then the newest others; returned
-/// in time order, with whether any were left out.
-pub fn within_budget(posts: Vec<Post>, max_tokens: usize) -> (Vec<Post>, bool) {
+/// The readable posts of `thread` that fit `max_tokens`, in the order they were written
+/// (the root first), and whether any were left out.
+///
+/// The posts from the root down to the mention stay (the root cut to the budget if it
+/// must be). Every other post belongs to a branch: the subtree under a post that
+/// replies to one of those. When the thread is over the budget, whole branches go, the
+/// newest (by its first post) first; if the posts down to the mention alone are still
+/// over it, the older of them go, the root staying.
+pub fn within_budget(
+    thread: &Thread,
+    readable: impl Fn(&Post) -> bool,
+    max_tokens: usize,
+) -> (Vec<Post>, bool) {
     let budget = max_tokens.saturating_mul(BYTES_PER_TOKEN);
-    let mut iter = posts.into_iter();
-    let Some(root) = iter.next() else {
-        return (Vec::new(), false);
-    };
-    let mut rest: Vec<Post> = iter.collect();
-    rest.sort_by(|a, b| b.uri.id.cmp(&a.uri.id)); // newest first
-    let mut used = root.content.len().min(budget);
-    let root = Post {
-        content: clip(&root.content, budget),
-        ..root
-    };
-    let mut kept = vec![root];
-    let mut truncated = false;
-    for post in rest {
-        if used + post.content.len() > budget {
-            truncated = true;
-            continue;
+    let size = |p: &Post| if readable(p) { p.content.len() } else { 0 };
+    let on_path = |uri: &PostUri| thread.ancestors.iter().any(|a| a.uri == *uri);
+    let parents: HashMap<&PostUri, Option<&PostUri>> = thread
+        .replies
+        .iter()
+        .map(|p| (&p.uri, p.parent.as_ref()))
+        .collect();
+    // Each post's branch: the post under the path its chain of parents comes from.
+    let mut branches: BTreeMap<&str, (Vec<&Post>, usize)> = BTreeMap::new();
+    for post in &thread.replies {
+        let mut head = &post.uri;
+        for _ in 0..=index::MAX_DEPTH {
+            match parents.get(head).copied().flatten() {
+                Some(parent) if !on_path(parent) && parents.contains_key(parent) => head = parent,
+                _ => break,
+            }
         }
-        used += post.content.len();
-        kept.push(post);
+        let branch = branches.entry(head.id.as_str()).or_default();
+        branch.0.push(post);
+        branch.1 += size(post);
     }
-    kept[1..].sort_by(|a, b| a.uri.id.cmp(&b.uri.id));
+    let mut path: Vec<&Post> = thread.ancestors.iter().collect();
+    let mut total: usize =
+        path.iter().map(|p| size(p)).sum::<usize>() + branches.values().map(|b| b.1).sum::<usize>();
+    let mut truncated = false;
+    // Newest branches first (post ids are times: the largest is the newest).
+    while total > budget {
+        let Some((_, (_, dropped))) = branches.pop_last() else {
+            break;
+        };
+        total -= dropped;
+        truncated = true;
+    }
+    while total > budget && path.len() > 1 {
+        let dropped = path.remove(1);
+        total -= size(dropped);
+        truncated = true;
+    }
+    let mut kept: Vec<Post> = path
+        .into_iter()
+        .chain(branches.into_values().flat_map(|b| b.0))
+        .filter(|p| readable(p))
+        .cloned()
+        .collect();
+    kept.sort_by(|a, b| a.uri.id.cmp(&b.uri.id));
+    if let Some(root) = thread.ancestors.first()
+        && let Some(at) = kept.iter().position(|p| p.uri == root.uri)
+    {
+        let mut root = kept.remove(at);
+        if root.content.len() > budget {
+            root.content = clip(&root.content, budget);
+            truncated = true;
+        }
+        kept.insert(0, root);
+    }
     (kept, truncated)
 }
 
@@ -216,20 +259,60 @@ mod tests {
         );
     }
 
-    #[test]
-    fn the_budget_keeps_the_root_and_the_newest() {
-        let posts = vec![
-            post("0000000000001", &"r".repeat(40)),
-            post("0000000000002", &"a".repeat(40)),
-            post("0000000000003", &"b".repeat(40)),
-            post("0000000000004", &"c".repeat(40)),
-        ];
-        let (kept, truncated) = within_budget(posts, 30); // 120 bytes
-        assert!(truncated);
-        let ids: Vec<&str> = kept.iter().map(|p| p.uri.id.as_str()).collect();
-        assert_eq!(ids, ["0000000000001", "0000000000003", "0000000000004"]);
+    fn reply(id: &str, parent: &Post, content: &str) -> Post {
+        Post {
+            parent: Some(parent.uri.clone()),
+            ..post(id, content)
+        }
     }
 
+    /// root ─ a ─ a1 ─ a2 (a branch with replies to replies)
+    ///      ├ b ─ mention (the path: root, b, mention)
+    ///      │   └ b1
+    ///      └ c ─ c1 (the newest branch)
+    fn thread() -> Thread {
+        let root = post("0000000000001", &"r".repeat(40));
+        let a = reply("0000000000002", &root, &"a".repeat(40));
+        let b = reply("0000000000003", &root, &"b".repeat(40));
+        let a1 = reply("0000000000004", &a, &"x".repeat(40));
+        let mention = reply("0000000000005", &b, "tl;dr pk:bot");
+        let b1 = reply("0000000000006", &b, &"y".repeat(40));
+        let c = reply("0000000000007", &root, &"c".repeat(40));
+        let a2 = reply("0000000000008", &a1, &"z".repeat(40));
+        let c1 = reply("0000000000009", &c, &"w".repeat(40));
+        Thread {
+            ancestors: vec![root, b, mention],
+            replies: vec![a, a1, b1, c, a2, c1],
+        }
+    }
+
+    fn ids(posts: &[Post]) -> Vec<&str> {
+        posts.iter().map(|p| &p.uri.id[11..]).collect()
+    }
+
+    #[test]
+    fn every_branch_is_read_in_the_order_written() {
+        let readable = |p: &Post| !p.content.contains("pk:bot");
+        let (kept, truncated) = within_budget(&thread(), readable, 1000);
+        assert!(!truncated);
+        assert_eq!(ids(&kept), ["01", "02", "03", "04", "06", "07", "08", "09"]);
+    }
+
+    #[test]
+    fn the_newest_branches_go_first_over_the_budget() {
+        let readable = |p: &Post| !p.content.contains("pk:bot");
+        // 8 posts of 40 bytes = 320; 240 bytes keep 6: the branch c (c, c1) goes.
+        let (kept, truncated) = within_budget(&thread(), readable, 60);
+        assert!(truncated);
+        assert_eq!(ids(&kept), ["01", "02", "03", "04", "06", "08"]);
+        // 160 bytes: branch b1 (under the path) goes too, then a (a, a1, a2).
+        let (kept, _) = within_budget(&thread(), readable, 40);
+        assert_eq!(ids(&kept), ["01", "03"]);
+        // Under the path alone: the root stays, cut.
+        let (kept, _) = within_budget(&thread(), readable, 5);
+        assert_eq!(ids(&kept), ["01"]);
+        assert_eq!(kept[0].content.len(), 20);
+    }
     #[test]
     fn clipping_respects_characters() {
         assert_eq!(clip("héllo wörld", 8), "héll...");

@@ -123,6 +123,34 @@ impl BotProcess {
         }
     }
 
+    /// Runs `pkbot ARGS` (a command such as `dlq list`) with this process's settings;
+    /// its standard output.
+    pub fn command(&self, args: &[&str]) -> String {
+        let out = Command::new(PKBOT)
+            .args(args)
+            .current_dir(&self.dir)
+            .envs(self.env.iter().map(|(k, v)| (k, v)))
+            .output()
+            .expect("pkbot runs");
+        assert!(
+            out.status.success(),
+            "pkbot {args:?}: {}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        String::from_utf8(out.stdout).unwrap()
+    }
+
+    /// Sends the process a signal (`STOP`, `CONT`, ...).
+    pub fn signal(&self, name: &str) {
+        let child = self.child.as_ref().expect("running");
+        let status = Command::new("kill")
+            .arg(format!("-{name}"))
+            .arg(child.id().to_string())
+            .status()
+            .expect("kill");
+        assert!(status.success(), "kill -{name}");
+    }
+
     pub fn restart(&mut self) {
         self.kill();
         self.spawn();
@@ -167,12 +195,30 @@ impl BotProcess {
             .unwrap()
     }
 
+    /// The bot's database (`PKBOT__STORAGE__DATABASE_URL`).
+    pub fn database_url(&self) -> String {
+        self.env
+            .iter()
+            .rev()
+            .find(|(k, _)| k == "PKBOT__STORAGE__DATABASE_URL")
+            .map(|(_, v)| v.clone())
+            .unwrap_or_default()
+    }
+
+    async fn database(&self) -> Option<sqlx::AnyConnection> {
+        use sqlx::Connection;
+        sqlx::any::install_default_drivers();
+        let mut url = self.database_url();
+        if url.starts_with("sqlite:") {
+            url.push_str("?mode=ro");
+        }
+        sqlx::AnyConnection::connect(&url).await.ok()
+    }
+
     /// The bot's record of a mention: (status, error).
     pub async fn mention_status(&self, mention: &PostUri) -> Option<(String, Option<String>)> {
-        use sqlx::Connection;
-        let url = format!("sqlite://{}/bot.db?mode=ro", self.dir.display());
-        let mut db = sqlx::SqliteConnection::connect(&url).await.ok()?;
-        sqlx::query_as("SELECT status, error FROM mentions WHERE id = ?")
+        let mut db = self.database().await?;
+        sqlx::query_as("SELECT status, error FROM mentions WHERE id = $1")
             .bind(mention.key())
             .fetch_optional(&mut db)
             .await
@@ -181,9 +227,7 @@ impl BotProcess {
 
     /// One number from the bot's database.
     pub async fn query_scalar(&self, sql: &str) -> i64 {
-        use sqlx::Connection;
-        let url = format!("sqlite://{}/bot.db?mode=ro", self.dir.display());
-        let mut db = sqlx::SqliteConnection::connect(&url).await.unwrap();
+        let mut db = self.database().await.expect("the bot's database");
         sqlx::query_scalar(sql).fetch_one(&mut db).await.unwrap()
     }
 
@@ -225,6 +269,41 @@ impl Drop for BotProcess {
         if std::thread::panicking() {
             eprintln!("--- {} ---\n{}", self.log.display(), self.log_text());
         }
+    }
+}
+
+/// The database a test's bot processes share: a SQLite file, or a PostgreSQL database
+/// made for the test (dropped with the value).
+pub enum TestDb {
+    Sqlite(String),
+    Postgres(pkbot::store::scratch::ScratchPostgres),
+}
+
+impl TestDb {
+    /// A SQLite file in `dir`.
+    pub fn sqlite(dir: &Path) -> Self {
+        std::fs::create_dir_all(dir).unwrap();
+        Self::Sqlite(format!("sqlite://{}/bot.db", dir.display()))
+    }
+
+    /// A PostgreSQL database of the test's own, or None (skipped, the reason printed;
+    /// a failure under CI=true).
+    pub async fn postgres(test: &str) -> Option<Self> {
+        pkbot::store::scratch::ScratchPostgres::create_or_skip(test)
+            .await
+            .map(Self::Postgres)
+    }
+
+    pub fn url(&self) -> String {
+        match self {
+            Self::Sqlite(url) => url.clone(),
+            Self::Postgres(pg) => pg.url.clone(),
+        }
+    }
+
+    /// The setting that points a bot process at it.
+    pub fn env(&self) -> (String, String) {
+        ("PKBOT__STORAGE__DATABASE_URL".into(), self.url())
     }
 }
 
@@ -348,6 +427,8 @@ pub struct FakeProviders {
     pub formats: Arc<std::sync::Mutex<Vec<String>>>,
     /// The next this many AI calls answer a JSON object of no expected shape.
     pub off_schema: Arc<AtomicU64>,
+    /// The next this many AI calls answer 400 (a request the API will never take).
+    pub rejecting: Arc<AtomicU64>,
     _task: tokio::task::JoinHandle<()>,
 }
 
@@ -362,7 +443,9 @@ impl FakeProviders {
         let prompts = Arc::new(std::sync::Mutex::new(Vec::new()));
         let formats = Arc::new(std::sync::Mutex::new(Vec::new()));
         let off_schema = Arc::new(AtomicU64::new(0));
+        let rejecting = Arc::new(AtomicU64::new(0));
         let (asked, to_stray) = (formats.clone(), off_schema.clone());
+        let to_reject = rejecting.clone();
         let (counter, to_fail, wait) = (calls.clone(), failing.clone(), delay_ms.clone());
         let (to_limit, to_garble, seen) =
             (rate_limiting.clone(), malformed.clone(), prompts.clone());
@@ -373,6 +456,7 @@ impl FakeProviders {
                     let (counter, to_fail) = (counter.clone(), to_fail.clone());
                     let (to_limit, to_garble, seen) = (to_limit.clone(), to_garble.clone(), seen.clone());
                     let (asked, to_stray) = (asked.clone(), to_stray.clone());
+                    let to_reject = to_reject.clone();
                     let delay = Duration::from_millis(wait.load(Ordering::SeqCst));
                     async move {
                         use axum::response::IntoResponse;
@@ -394,6 +478,10 @@ impl FakeProviders {
                             n.fetch_update(Ordering::SeqCst, Ordering::SeqCst, |n| n.checked_sub(1))
                                 .is_ok()
                         };
+                        if take(&to_reject) {
+                            let error = json!({"error": {"message": "Invalid model for this key", "type": "invalid_request_error"}});
+                            return (axum::http::StatusCode::BAD_REQUEST, axum::Json(error)).into_response();
+                        }
                         if take(&to_limit) {
                             let error = json!({"error": {"message": "Rate limit reached", "type": "rate_limit_exceeded"}});
                             return (axum::http::StatusCode::TOO_MANY_REQUESTS, [("retry-after", "1")], axum::Json(error)).into_response();
@@ -451,6 +539,7 @@ impl FakeProviders {
             prompts,
             formats,
             off_schema,
+            rejecting,
             _task: task,
         }
     }

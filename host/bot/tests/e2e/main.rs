@@ -224,10 +224,20 @@ async fn opt_out_rate_limit_and_thread_cap() {
     assert!(error.unwrap_or_default().contains("rate limit"));
     assert!(replies_to(&reader, bot.key, &mentions[3]).await.is_empty());
 
-    // At most two bot replies in one thread.
+    // At most two bot replies in one thread, counting replies posted: the first
+    // mention's reply is blocked by the safety filter and leaves its slot free.
     let root = frank
-        .post("Rivers carry boats. Boats carry goods along rivers.", None)
+        .post(
+            &format!(
+                "Free money for everyone today. Get free money here with free money tricks. \
+                 summarize {handle}"
+            ),
+            None,
+        )
         .await;
+    let (status, error) = bot.finished(&root).await;
+    assert_eq!(status, "failed");
+    assert!(error.unwrap_or_default().contains("safety filter"));
     let mut last = root.clone();
     let mut answered = 0;
     for i in 0..3 {
@@ -270,9 +280,20 @@ async fn ai_and_search_providers_over_their_wire_formats() {
     let handle = format!("pk:{}", bot.key);
     let (alice, bob) = (User::new(&hs.url).await, User::new(&hs.url).await);
 
-    // The model's answer had four bullets: the reply keeps three.
+    // The model's answer had four bullets: the reply keeps three. The model read the
+    // whole thread: a side branch with a reply to a reply, in the order written.
     let root = alice.post("The bridge opened in 2020.", None).await;
-    let mention = bob.post(&format!("tl;dr {handle}"), Some(&root)).await;
+    let side = alice
+        .post("Side branch: the trains came later.", Some(&root))
+        .await;
+    let deeper = bob
+        .post("Deeper: the trains run hourly.", Some(&side))
+        .await;
+    let path = bob.post("On the path: it cost a lot.", Some(&root)).await;
+    alice
+        .post("Newest branch: the ferry closed.", Some(&root))
+        .await;
+    let mention = bob.post(&format!("tl;dr {handle}"), Some(&path)).await;
     let summary = reply_to(&reader, &bot, &mention).await;
     assert!(
         summary.content.starts_with("Summary of this thread:"),
@@ -280,6 +301,24 @@ async fn ai_and_search_providers_over_their_wire_formats() {
         summary.content
     );
     assert_eq!(bullets(&summary.content), 3, "{}", summary.content);
+    let prompt = fake.prompts.lock().unwrap().last().cloned().unwrap();
+    let order: Vec<Option<usize>> = [
+        "The bridge opened",
+        "Side branch",
+        "Deeper",
+        "On the path",
+        "Newest branch",
+    ]
+    .iter()
+    .map(|text| prompt.find(text))
+    .collect();
+    assert!(order.iter().all(Option::is_some), "{prompt}");
+    assert!(order.windows(2).all(|w| w[0] < w[1]), "{prompt}");
+    assert!(
+        !prompt.contains("tl;dr"),
+        "the mention is not summarized: {prompt}"
+    );
+    let _ = deeper;
 
     // A fact-check: claims, a search per claim, a verdict citing only what search found.
     let mention = bob
@@ -417,16 +456,30 @@ async fn passing_failures_are_tried_again_until_they_pass() {
     assert_eq!(dead, 0, "{}", bot.log_text());
 }
 
+/// The database of a kill test: a SQLite file in `dir`, or a PostgreSQL database of
+/// its own (None: skipped, the reason printed).
+async fn kill_test_db(test: &str, postgres: bool, dir: &std::path::Path) -> Option<TestDb> {
+    if postgres {
+        TestDb::postgres(test).await
+    } else {
+        Some(TestDb::sqlite(dir))
+    }
+}
+
 /// A crash at each step of the pipeline (the process aborts at a failpoint, as kill -9
 /// would stop it), then a restart: the mention gets exactly one reply.
-#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
-async fn a_crash_at_each_step_still_gives_exactly_one_reply() {
-    let Some(bin) = homeserver_binary_or_skip("a_crash_at_each_step") else {
+async fn a_crash_at_each_step(postgres: bool) {
+    let test = "a_crash_at_each_step";
+    let Some(bin) = homeserver_binary_or_skip(test) else {
         return;
     };
     let dir = tempfile::tempdir().unwrap();
+    let Some(db) = kill_test_db(test, postgres, &dir.path().join("bot")).await else {
+        return;
+    };
+    let (key, url) = db.env();
     let hs = Homeserver::start(&bin, &dir.path().join("hs"));
-    let mut bot = BotProcess::start(&hs.url, &dir.path().join("bot"), &[]);
+    let mut bot = BotProcess::start(&hs.url, &dir.path().join("bot"), &[(&key, &url)]);
     let reader = PkClient::new(&hs.url, None).unwrap();
     let handle = format!("pk:{}", bot.key);
     let user = User::new(&hs.url).await;
@@ -457,15 +510,36 @@ async fn a_crash_at_each_step_still_gives_exactly_one_reply() {
             "exactly one reply after a crash {point}"
         );
     }
+    let doubled = bot
+        .query_scalar(
+            "SELECT COUNT(*) FROM (SELECT mention_id FROM action_executions \
+             WHERE status = 'success' GROUP BY mention_id HAVING COUNT(*) > 1) doubled",
+        )
+        .await;
+    assert_eq!(doubled, 0, "one successful run per action");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_crash_at_each_step_still_gives_exactly_one_reply_on_sqlite() {
+    a_crash_at_each_step(false).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_crash_at_each_step_still_gives_exactly_one_reply_on_postgres() {
+    a_crash_at_each_step(true).await;
 }
 
 /// kill -9 at any moment, restart: every mention still gets exactly one reply.
-#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
-async fn killed_and_restarted_at_any_step_one_reply_per_mention() {
-    let Some(bin) = homeserver_binary_or_skip("killed_and_restarted") else {
+async fn killed_and_restarted(postgres: bool) {
+    let test = "killed_and_restarted";
+    let Some(bin) = homeserver_binary_or_skip(test) else {
         return;
     };
     let dir = tempfile::tempdir().unwrap();
+    let Some(db) = kill_test_db(test, postgres, &dir.path().join("bot")).await else {
+        return;
+    };
+    let (key, url) = db.env();
     let hs = Homeserver::start(&bin, &dir.path().join("hs"));
     // Every AI answer takes 700 ms, so kills land in the middle of actions.
     let fake = FakeProviders::start(Duration::from_millis(700)).await;
@@ -477,6 +551,7 @@ async fn killed_and_restarted_at_any_step_one_reply_per_mention() {
             ("PKBOT__AI__BASE_URL", ai_base.as_str()),
             ("WORKER_CONCURRENCY_SUMMARY", "1"),
             ("PKBOT__LIMITS__PER_USER_ACTIONS", "100"),
+            (&key, &url),
         ],
     );
     let reader = PkClient::new(&hs.url, None).unwrap();
@@ -511,6 +586,23 @@ async fn killed_and_restarted_at_any_step_one_reply_per_mention() {
             .contains("resuming what the last stop left unfinished"),
         "no restart found unfinished work"
     );
+    let doubled = bot
+        .query_scalar(
+            "SELECT COUNT(*) FROM (SELECT mention_id FROM action_executions \
+             WHERE status = 'success' GROUP BY mention_id HAVING COUNT(*) > 1) doubled",
+        )
+        .await;
+    assert_eq!(doubled, 0, "one successful run per action");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn killed_and_restarted_at_any_step_one_reply_per_mention_on_sqlite() {
+    killed_and_restarted(false).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn killed_and_restarted_at_any_step_one_reply_per_mention_on_postgres() {
+    killed_and_restarted(true).await;
 }
 
 /// `promtool check metrics` on `text`, when installed (CI installs it: there a missing
@@ -637,7 +729,10 @@ fallbacks = [{{ provider = "tavily", base_url = "{}", api_key = "tavily-key" }}]
     let bot = BotProcess::start(
         &hs.url,
         &dir.path().join("bot"),
-        &[("PKBOT_CONFIG", config.as_str())],
+        &[
+            ("PKBOT_CONFIG", config.as_str()),
+            ("PKBOT__WORKERS__REDRIVE_INTERVAL_SECS", "1"),
+        ],
     );
     let reader = PkClient::new(&hs.url, None).unwrap();
     let handle = format!("pk:{}", bot.key);
@@ -726,6 +821,41 @@ fallbacks = [{{ provider = "tavily", base_url = "{}", api_key = "tavily-key" }}]
     assert!(error.contains("claims schema"), "{error}");
     assert!(replies_to(&reader, bot.key, &mention).await.is_empty());
     assert_eq!(primary.off_schema.load(SeqCst), 0);
+    // So does the router's AI classifier (keywords of both actions), answering twice
+    // with the wrong shape: no decision, the mention failed.
+    primary.off_schema.store(2, SeqCst);
+    let unclear = bob
+        .post(&format!("tl;dr or verify? {handle}"), Some(&other))
+        .await;
+    let (status, error) = bot.finished(&unclear).await;
+    assert_eq!(status, "failed");
+    assert!(
+        error.as_deref().unwrap_or("").contains("no usable answer"),
+        "{error:?}"
+    );
+    // Both are dead letters, with their reasons; replayed once the provider answers
+    // well, each is answered once.
+    let letters: Vec<serde_json::Value> = bot
+        .command(&["dlq", "list", "--json"])
+        .lines()
+        .map(|l| serde_json::from_str(l).unwrap())
+        .collect();
+    assert_eq!(letters.len(), 2, "{letters:?}");
+    assert_eq!(letters[0]["stream"], "action.factcheck.requested.v1");
+    assert!(
+        letters[0]["reason"]
+            .as_str()
+            .unwrap()
+            .contains("claims schema")
+    );
+    assert_eq!(letters[1]["stream"], "mention.received.v1");
+    let replayed = bot.command(&["dlq", "replay"]);
+    assert_eq!(replayed.lines().count(), 2, "{replayed}");
+    for m in [&mention, &unclear] {
+        reply_to(&reader, &bot, m).await;
+        assert_eq!(bot.finished(m).await.0, "completed");
+    }
+    assert_eq!(bot.command(&["dlq", "list", "--json"]), "");
 
     // A prompt injection in the thread: the model reads it (as data), the bot does not
     // post it.
@@ -771,6 +901,8 @@ fallbacks = [{ provider = "tavily", api_key = "tavily-secret" }]
 [bus]
 kind = "redis"
 redis_url = "redis://bot:redis-secret@127.0.0.1:6379/0"
+[storage]
+database_url = "postgres://bot:pg-secret@db.example/bot"
 "#,
     )
     .unwrap();
@@ -792,6 +924,10 @@ redis_url = "redis://bot:redis-secret@127.0.0.1:6379/0"
     }
     assert!(
         shown.contains("redis://bot:****@127.0.0.1:6379/0"),
+        "{shown}"
+    );
+    assert!(
+        shown.contains("postgres://bot:****@db.example/bot"),
         "{shown}"
     );
     assert!(shown.contains("model = \"m\""), "{shown}");

@@ -205,7 +205,13 @@ async fn an_unreadable_payload_is_handed_out_as_such() {
         .unwrap();
     let d = next(&consumer).await;
     assert!(d.message.is_err());
-    assert!(consumer.dead_letter(&d, "unreadable").await.unwrap());
+    assert!(
+        consumer
+            .dead_letter(&d, "unreadable")
+            .await
+            .unwrap()
+            .is_some()
+    );
     let letters = bus.dead_letters().await.unwrap();
     assert_eq!(letters[0].payload, "{not json");
     assert_eq!(letters[0].mention_id(), None);
@@ -316,4 +322,73 @@ async fn a_message_another_consumer_took_over_is_not_claimed_back() {
         .unwrap();
     assert_eq!(pending.ids[0].consumer, b.name, "b still owns it");
     b.ack(&taken).await.unwrap();
+}
+
+#[tokio::test]
+async fn a_consumer_that_stalled_past_the_claim_time_does_not_acknowledge() {
+    let Some(bus) = bus("stalled-ack", 600, 5).await else {
+        return;
+    };
+    let a = bus.consumer(Topic::SummaryRequested).await.unwrap();
+    bus.publish(Topic::SummaryRequested, request("m"))
+        .await
+        .unwrap();
+    let first = next(&a).await;
+    // a stops keeping it claimed (as a frozen process does): b takes it over.
+    a.failed(&first, "frozen").await.unwrap();
+    let b = bus.consumer(Topic::SummaryRequested).await.unwrap();
+    let again = next(&b).await;
+    assert_eq!(again.id, first.id);
+    // a wakes up and acknowledges, or dead-letters: neither touches b's message.
+    a.ack(&first).await.unwrap();
+    assert!(a.dead_letter(&first, "late").await.is_err());
+    let mut conn = bus.connection();
+    let pending: StreamPendingCountReply = redis::cmd("XPENDING")
+        .arg(bus.key(Topic::SummaryRequested.name()))
+        .arg(Topic::SummaryRequested.group())
+        .arg("-")
+        .arg("+")
+        .arg(10)
+        .query_async(&mut conn)
+        .await
+        .unwrap();
+    assert_eq!(pending.ids.len(), 1, "still b's to finish");
+    assert!(bus.dead_letters().await.unwrap().is_empty());
+    b.ack(&again).await.unwrap();
+}
+
+#[tokio::test]
+async fn a_publish_is_fenced_by_the_leader_lease() {
+    let Some(bus) = bus("fenced-publish", 600, 5).await else {
+        return;
+    };
+    let mut conn = bus.connection();
+    let lease = bus.key("pkbot:leader");
+    let _: () = redis::cmd("SET")
+        .arg(&lease)
+        .arg("a#1")
+        .query_async(&mut conn)
+        .await
+        .unwrap();
+    bus.set_fence("a#1".into());
+    bus.publish(Topic::SummaryRequested, request("while-leading"))
+        .await
+        .unwrap();
+    // Another process took the lease: this one's publishes are refused.
+    let _: () = redis::cmd("SET")
+        .arg(&lease)
+        .arg("b#2")
+        .query_async(&mut conn)
+        .await
+        .unwrap();
+    assert!(matches!(
+        bus.publish(Topic::SummaryRequested, request("stale")).await,
+        Err(BusError::Fenced)
+    ));
+    let queued = bus
+        .queued_mentions(Topic::SummaryRequested)
+        .await
+        .unwrap()
+        .unwrap();
+    assert_eq!(queued, HashSet::from(["while-leading".to_owned()]));
 }
