@@ -538,16 +538,7 @@ async fn keep_lease(
             }
             Ok(Ok(false)) => {
                 tracing::error!("the leader lease is held by another process");
-                ctx.store.fence().lose();
-                if crate::failpoint::skip("stop-on-lease-loss") {
-                    // A process whose stages go on past its lease (the tests): only
-                    // the fence stands between them and the new leader's work.
-                    tracing::warn!("failpoint skip:stop-on-lease-loss: the stages go on");
-                    term.cancelled().await;
-                    return false;
-                }
-                term.cancel();
-                return true;
+                return lost(&ctx, &term).await;
             }
             Ok(Err(e)) => tracing::warn!(error = %e, "cannot renew the leader lease"),
             Err(_) => tracing::warn!("renewing the leader lease timed out"),
@@ -555,11 +546,24 @@ async fn keep_lease(
         // The next try would come too late to be sure nobody else took it.
         if renewed.elapsed() + period >= ttl {
             tracing::error!("could not renew the leader lease in time");
-            ctx.store.fence().lose();
-            term.cancel();
-            return true;
+            return lost(&ctx, &term).await;
         }
     }
+}
+
+/// The lease is lost: the fence refuses this process's writes, and its stages stop
+/// (`term`). Returns true (lost).
+async fn lost(ctx: &BotContext, term: &CancellationToken) -> bool {
+    ctx.store.fence().lose();
+    if crate::failpoint::skip("stop-on-lease-loss") {
+        // A process whose stages go on past its lease (the tests): only the fence
+        // stands between them and the new leader's work.
+        tracing::warn!("failpoint skip:stop-on-lease-loss: the stages go on");
+        term.cancelled().await;
+        return false;
+    }
+    term.cancel();
+    true
 }
 
 /// Signs the bot up on its homeserver (idempotent), retrying until it works: replies

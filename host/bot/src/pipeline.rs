@@ -204,6 +204,12 @@ where
         tasks.spawn(async move {
             let mut pause = Duration::from_millis(100);
             loop {
+                if let Err(e) = ctx.store.fence().current() {
+                    // A leader past its lease takes no more messages (its tasks are
+                    // being stopped; whatever it still holds goes to the new leader).
+                    tracing::warn!(stream = topic.name(), error = %e, "the consumer stops");
+                    return;
+                }
                 let delivery = match consumer.next(&stop).await {
                     Ok(Some(d)) => d,
                     Ok(None) => return,
@@ -332,9 +338,15 @@ async fn deliver<F, Fut>(
     dead_letter(ctx, consumer, &delivery, &last_error).await;
 }
 
-/// Dead-letters a delivery and fails its mention with the reason.
+/// Dead-letters a delivery and fails its mention with the reason (not from a leader
+/// past its lease: the message is left to the new one).
 async fn dead_letter(ctx: &BotContext, consumer: &dyn Consumer, delivery: &Delivery, reason: &str) {
     let topic = delivery.topic;
+    if let Err(e) = ctx.store.fence().current() {
+        tracing::warn!(stream = topic.name(), error = %e, "not dead-lettered: left to the new leader");
+        let _ = consumer.failed(delivery, reason).await;
+        return;
+    }
     tracing::error!(
         mentionId = delivery.mention_id().unwrap_or(""),
         stream = topic.name(),

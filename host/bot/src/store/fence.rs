@@ -60,8 +60,9 @@ impl Fence {
         self.token.load(Ordering::SeqCst)
     }
 
-    /// The token to write with: 0 (unfenced), or this process's while its lease lasts.
-    pub(super) fn current(&self) -> Result<i64> {
+    /// The token to write with: 0 (unfenced), or this process's while its lease lasts
+    /// (an error once it may have expired).
+    pub fn current(&self) -> Result<i64> {
         let token = self.token();
         if token == 0 {
             return Ok(0);
