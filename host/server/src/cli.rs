@@ -63,6 +63,21 @@ pub enum Command {
         /// The archive ("-" or nothing: stdin).
         file: Option<PathBuf>,
     },
+    /// Back the embedded store (SQLite + blob folder) up into DIR, while the server runs:
+    /// a consistent database snapshot, the values it points at (hard links where the file
+    /// system allows), the server key, the policies folder and a manifest with hashes.
+    /// Must finish within storage.blob_grace_secs. PostgreSQL + S3: docs/deploy.md.
+    Backup {
+        /// A new (or empty) folder.
+        dir: PathBuf,
+    },
+    /// Restore a backup made by `backup` into the --config's data paths, which must be
+    /// empty (stop the server first). Every file and value is checked against the
+    /// manifest and the database before anything is written.
+    Restore {
+        /// The backup folder.
+        dir: PathBuf,
+    },
     /// Copy this deployment (the --config's stores) to the stores another config file
     /// names, e.g. from SQLite + disk to PostgreSQL + S3: users, values, entries, the
     /// event log with its cursors, signup tokens, sessions. Stop the servers first. An

@@ -1,7 +1,9 @@
-//! `homeserver fsck|export|import|migrate`: the operator's maintenance tools, over
-//! `service::maintenance`. They open the configured stores directly (taking the local
-//! stores' locks, so a server running on the same SQLite database or blob folder must be
-//! stopped first; shared stores need no lock) and show a progress bar on a terminal.
+//! `homeserver fsck|export|import|migrate|backup|restore`: the operator's maintenance
+//! tools, over `service::maintenance` and `service::backup`. They open the configured
+//! stores directly (taking the local stores' locks, so a server running on the same
+//! SQLite database or blob folder must be stopped first; shared stores need no lock;
+//! `backup` alone takes none: it only reads, beside the running server) and show a
+//! progress bar on a terminal.
 
 use std::io::{IsTerminal, Write};
 use std::path::Path;
@@ -14,6 +16,7 @@ use indicatif::{ProgressBar, ProgressDrawTarget, ProgressStyle};
 use crate::cli::Command;
 use crate::config::Config;
 use crate::persistence::{self, BlobStore, LocalStorageLock};
+use crate::service::backup::{self, DataPaths};
 use crate::service::maintenance::{self, Progress, Stores};
 
 /// Runs a maintenance command; exit code 2 on errors.
@@ -201,6 +204,49 @@ async fn execute(config: Config, command: Command) -> Result<ExitCode, String> {
                 checked.latest_cursor,
                 checked.pkarr_records,
                 to.display()
+            );
+            Ok(ExitCode::SUCCESS)
+        }
+        Command::Backup { dir } => {
+            let paths = DataPaths::of(&config).map_err(|e| e.to_string())?;
+            // No lock: the server may run (the snapshot and the links only read).
+            let bar = Bar::new();
+            let summary = backup::backup(&paths, &dir, config.storage.blob_grace_secs, &bar)
+                .await
+                .map_err(|e| e.to_string())?;
+            bar.0.finish_and_clear();
+            eprintln!(
+                "backed up {} values ({} bytes; {} hard-linked), {} files and the database                  (schema version {}) into {}",
+                summary.values.count,
+                summary.values.bytes,
+                summary.linked,
+                summary.files,
+                summary.schema_version,
+                dir.display()
+            );
+            Ok(ExitCode::SUCCESS)
+        }
+        Command::Restore { dir } => {
+            let paths = DataPaths::of(&config).map_err(|e| e.to_string())?;
+            // No server may start on the target meanwhile.
+            let _lock = persistence::lock_local_storage(
+                &config.storage.database_url,
+                &config.storage.blobs,
+            )
+            .map_err(|e| e.to_string())?;
+            let bar = Bar::new();
+            let summary = backup::restore(&dir, &paths, &bar)
+                .await
+                .map_err(|e| e.to_string())?;
+            bar.0.finish_and_clear();
+            eprintln!(
+                "restored {} values ({} bytes; {} hard-linked), {} files and the database                  (schema version {}) from {}; start the server",
+                summary.values.count,
+                summary.values.bytes,
+                summary.linked,
+                summary.files,
+                summary.schema_version,
+                dir.display()
             );
             Ok(ExitCode::SUCCESS)
         }

@@ -386,6 +386,13 @@ impl BlobStore {
     }
 }
 
+/// The file the local backend keeps blob `key` in, under its folder `root` (for tools
+/// that copy a `file://` store as files: backups and restores).
+pub fn local_blob_file(root: &FsPath, key: &str) -> PathBuf {
+    key.split('/')
+        .fold(root.to_owned(), |path, segment| path.join(segment))
+}
+
 /// An S3 client: settings from `[s3]`, then the AWS environment variables. Public for
 /// conformance tests and tools that need the raw client.
 pub fn open_s3(

@@ -7,6 +7,7 @@
 //! and in cursor order), so AUTOINCREMENT cursors are commit-ordered. One process owns
 //! a database file: scale-out deployments use PostgreSQL.
 
+use std::path::Path;
 use std::str::FromStr;
 use std::time::Duration;
 
@@ -15,7 +16,7 @@ use sqlx::sqlite::{
     SqliteConnectOptions, SqliteJournalMode, SqlitePool, SqlitePoolOptions, SqliteRow,
     SqliteSynchronous,
 };
-use sqlx::{Row, Sqlite, Transaction};
+use sqlx::{ConnectOptions, Connection, Row, Sqlite, Transaction};
 
 use homeserver_protocol::event::EventKind;
 
@@ -84,6 +85,89 @@ pub fn database_file(url: &super::DatabaseUrl) -> Option<std::path::PathBuf> {
     let file = options.get_filename();
     (!file.as_os_str().is_empty() && file != std::path::Path::new(":memory:"))
         .then(|| file.to_owned())
+}
+
+/// The newest schema this binary knows (its last migration's version).
+pub fn known_schema_version() -> i64 {
+    MIGRATOR.iter().map(|m| m.version).max().unwrap_or(0)
+}
+
+/// Writes a consistent copy of the database at `url` to `target` (a new file), beside a
+/// running server: `VACUUM INTO` on a read-only connection reads one snapshot (WAL lets
+/// the server keep committing meanwhile) and changes nothing in the source.
+pub async fn snapshot_into(url: &super::DatabaseUrl, target: &Path) -> Result<(), StoreError> {
+    let options = SqliteConnectOptions::from_str(url.expose_secret())
+        .map_err(|e| StoreError::Internal(format!("database url: {e}")))?
+        .read_only(true)
+        .busy_timeout(Duration::from_secs(30));
+    let mut connection = options.connect().await.map_err(map_err)?;
+    let target = target
+        .to_str()
+        .ok_or_else(|| StoreError::Internal(format!("{} is not UTF-8", target.display())))?;
+    let done = sqlx::query("VACUUM INTO ?")
+        .bind(target)
+        .execute(&mut connection)
+        .await
+        .map_err(map_err);
+    let _ = connection.close().await;
+    done.map(|_| ())
+}
+
+/// A database file read as it is (read-only, never migrated): a backup's snapshot.
+pub struct SqliteFile {
+    pool: SqlitePool,
+}
+
+impl SqliteFile {
+    pub async fn open(path: &Path) -> Result<Self, StoreError> {
+        let options = SqliteConnectOptions::new()
+            .filename(path)
+            .read_only(true)
+            .create_if_missing(false);
+        let pool = SqlitePoolOptions::new()
+            .max_connections(1)
+            .connect_with(options)
+            .await
+            .map_err(map_err)?;
+        Ok(Self { pool })
+    }
+
+    /// The schema version its migrations reached (0 for a database never migrated).
+    pub async fn schema_version(&self) -> Result<i64, StoreError> {
+        let version: Option<i64> =
+            sqlx::query_scalar("SELECT MAX(version) FROM _sqlx_migrations WHERE success")
+                .fetch_one(&self.pool)
+                .await
+                .map_err(map_err)?;
+        Ok(version.unwrap_or(0))
+    }
+
+    /// Entries of every user after `(user, path)` in that order, at most `limit`.
+    pub async fn entries_after(
+        &self,
+        after: (&str, &str),
+        limit: u32,
+    ) -> Result<Vec<(String, EntryRecord)>, StoreError> {
+        let found = sqlx::query(&format!(
+            "SELECT owner, {ENTRY_COLUMNS} FROM entries WHERE (owner, path) > (?, ?) \
+             ORDER BY owner, path LIMIT ?"
+        ))
+        .bind(after.0)
+        .bind(after.1)
+        .bind(i64::from(limit))
+        .fetch_all(&self.pool)
+        .await
+        .map_err(map_err)?;
+        found
+            .iter()
+            .map(|row| Ok((row.try_get("owner")?, entry_from_row(row)?)))
+            .collect::<Result<_, sqlx::Error>>()
+            .map_err(map_err)
+    }
+
+    pub async fn close(self) {
+        self.pool.close().await;
+    }
 }
 
 fn map_err(e: sqlx::Error) -> StoreError {

@@ -14,6 +14,7 @@
 pub mod access;
 pub mod admin;
 pub mod auth;
+pub mod backup;
 pub mod entry_cache;
 pub mod error;
 pub mod events;

@@ -13,6 +13,8 @@ mod account;
 mod admin_api;
 mod admin_page;
 mod auth;
+mod backup;
+mod backup_procedure;
 mod blob_grace;
 mod concurrency;
 mod cors;
