@@ -144,6 +144,18 @@ impl Metrics {
             ),
             &["scope"],
         )?;
+        // What runs: one series, always 1 (join it with other series by instance).
+        let build_info = IntGaugeVec::new(
+            Opts::new(
+                "hs_build_info",
+                "The homeserver's version and the git commit it was built from; always 1.",
+            ),
+            &["version", "commit"],
+        )?;
+        build_info
+            .with_label_values(&[env!("CARGO_PKG_VERSION"), env!("HOMESERVER_COMMIT")])
+            .set(1);
+        registry.register(Box::new(build_info))?;
         registry.register(Box::new(requests.clone()))?;
         registry.register(Box::new(duration.clone()))?;
         registry.register(Box::new(storage_bytes.clone()))?;

@@ -43,6 +43,8 @@ pub async fn info(State(app): State<AppState>) -> Response {
     Json(json!({
         "public_key": app.server_key.public_key().to_z32(),
         "version": env!("CARGO_PKG_VERSION"),
+        // The build's git commit (build.rs), "unknown" outside a checkout.
+        "commit": env!("HOMESERVER_COMMIT"),
     }))
     .into_response()
 }

@@ -267,6 +267,15 @@ pub enum StoreError {
     /// Anything else (a 500 for the caller; the cause is logged, not sent).
     #[error("metadata store error: {0}")]
     Internal(String),
+    /// The database was migrated by a newer homeserver: it holds a migration this binary
+    /// does not know. Nothing is written to it.
+    #[error(
+        "the database has schema version {database} (migrated by a newer homeserver); \
+         this homeserver {} knows schema versions up to {known}: run that newer version, \
+         or restore the backup taken before the upgrade (docs/upgrade.md)",
+        env!("CARGO_PKG_VERSION")
+    )]
+    NewerSchema { database: i64, known: i64 },
     /// The database driver's error, kept whole as the source (what a 500's log shows,
     /// and what a caller can inspect); `unavailable` classifies it as one of the two
     /// above.
@@ -290,7 +299,7 @@ impl StoreError {
     pub fn is_unavailable(&self) -> bool {
         match self {
             StoreError::Unavailable(_) => true,
-            StoreError::Internal(_) => false,
+            StoreError::Internal(_) | StoreError::NewerSchema { .. } => false,
             StoreError::Database { unavailable, .. } => *unavailable,
         }
     }

@@ -32,6 +32,26 @@ pub use local_lock::{LocalStorageLock, LockError, lock_local_storage};
 pub use metadata::{MetadataStore, MetadataWrites, StoreError};
 pub use url::{BlobsUrl, DatabaseUrl, S3Settings, Secret};
 
+/// Refuses a database that holds a migration `migrator` does not know (`applied`: the
+/// versions its `_sqlx_migrations` records): a newer homeserver migrated it, and this
+/// one must not write to a schema it does not understand (docs/upgrade.md).
+fn refuse_newer_schema(
+    applied: &[i64],
+    migrator: &sqlx::migrate::Migrator,
+) -> Result<(), StoreError> {
+    let known = migrator.iter().map(|m| m.version).max().unwrap_or(0);
+    let unknown = applied
+        .iter()
+        .any(|v| !migrator.iter().any(|m| m.version == *v));
+    if unknown {
+        return Err(StoreError::NewerSchema {
+            database: applied.iter().copied().max().unwrap_or(0),
+            known,
+        });
+    }
+    Ok(())
+}
+
 /// How to reach a backend: the same settings for every one.
 #[derive(Debug, Clone, Copy)]
 pub struct BackendOptions {

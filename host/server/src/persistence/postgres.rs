@@ -68,6 +68,18 @@ impl PostgresStore {
             .connect_with(connect)
             .await
             .map_err(map_err)?;
+        let migrations_table: bool =
+            sqlx::query_scalar("SELECT to_regclass('_sqlx_migrations') IS NOT NULL")
+                .fetch_one(&pool)
+                .await
+                .map_err(map_err)?;
+        if migrations_table {
+            let applied: Vec<i64> = sqlx::query_scalar("SELECT version FROM _sqlx_migrations")
+                .fetch_all(&pool)
+                .await
+                .map_err(map_err)?;
+            super::refuse_newer_schema(&applied, &MIGRATOR)?;
+        }
         MIGRATOR
             .run(&pool)
             .await

@@ -61,6 +61,19 @@ impl SqliteStore {
             .connect_with(options.clone())
             .await
             .map_err(map_err)?;
+        let migrations_table: Option<i64> = sqlx::query_scalar(
+            "SELECT 1 FROM sqlite_master WHERE type = 'table' AND name = '_sqlx_migrations'",
+        )
+        .fetch_optional(&writer)
+        .await
+        .map_err(map_err)?;
+        if migrations_table.is_some() {
+            let applied: Vec<i64> = sqlx::query_scalar("SELECT version FROM _sqlx_migrations")
+                .fetch_all(&writer)
+                .await
+                .map_err(map_err)?;
+            super::refuse_newer_schema(&applied, &MIGRATOR)?;
+        }
         MIGRATOR
             .run(&writer)
             .await

@@ -40,3 +40,4 @@ mod storage;
 mod store;
 mod throttling;
 mod tls;
+mod upgrade;
