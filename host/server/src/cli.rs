@@ -80,11 +80,15 @@ pub enum Command {
     },
     /// Copy this deployment (the --config's stores) to the stores another config file
     /// names, e.g. from SQLite + disk to PostgreSQL + S3: users, values, entries, the
-    /// event log with its cursors, signup tokens, sessions. Stop the servers first. An
+    /// event log with its cursors, signup tokens, sessions, pkarr records, and the server
+    /// key and policies folder (to the target's keys.secret_key_file and policies.dir;
+    /// refused when the target has another key there). Stop the servers first. An
     /// interrupted copy resumes where it stopped when run again.
     Migrate {
-        /// The target's config file; only its [storage] and [s3] are used (the
-        /// environment does not apply to it).
+        /// The target's config file: its [storage], [s3], [keys] and [policies] are
+        /// used. HOMESERVER__* variables do not apply to it (they are the source's); its
+        /// secrets come from the file or its *_file settings, and S3 also reads the
+        /// standard AWS_* variables.
         #[arg(long, value_name = "FILE")]
         to: PathBuf,
     },

@@ -164,6 +164,14 @@ async fn execute(config: Config, command: Command) -> Result<ExitCode, String> {
             {
                 return Err("--to names the same stores as the source".into());
             }
+            // The server key and the policies go too: checked before any data moves.
+            let carry = backup::plan_carry(
+                &config.keys.secret_key_file,
+                &config.policies.dir,
+                &target.keys.secret_key_file,
+                &target.policies.dir,
+            )
+            .map_err(|e| e.to_string())?;
             let (from, _from_lock) = open(&config).await?;
             let (into, _into_lock) = open(&target).await?;
             eprintln!(
@@ -194,6 +202,14 @@ async fn execute(config: Config, command: Command) -> Result<ExitCode, String> {
             let checked = maintenance::verify_copy(&from, &into)
                 .await
                 .map_err(|e| format!("{e} (run the same command again to copy what is missing)"))?;
+            backup::carry(&carry).map_err(|e| e.to_string())?;
+            match &carry.copy_key {
+                Some((_, to)) => eprintln!("copied the server key to {}", to.display()),
+                None => eprintln!("the target has the server key already"),
+            }
+            if let Some((_, to)) = &carry.copy_policies {
+                eprintln!("copied the policies folder to {}", to.display());
+            }
             eprintln!(
                 "verified: {} users, {} entries ({} bytes) with their values, the event \
                  log up to cursor {} and {} pkarr records match on both; point the servers at \

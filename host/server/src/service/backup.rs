@@ -19,6 +19,10 @@
 //! `restore` checks everything before it writes anything (the manifest, every file's
 //! hash, every value against its entry), refuses a target that is not empty, then puts
 //! the files in place (values by hard link where possible), the database last.
+//!
+//! The same files beside the stores travel with `homeserver migrate --to`
+//! ([`plan_carry`], [`carry`]): the server key (copied where the target has none,
+//! refused where it has another) and the policies folder.
 
 use std::io::Write;
 use std::path::{Path, PathBuf};
@@ -634,4 +638,100 @@ fn sync_folder(dir: &Path) {
     if let Ok(folder) = std::fs::File::open(dir) {
         let _ = folder.sync_all();
     }
+}
+
+// ---------------------------------------------------------------------------------------
+// The server key and the policies folder of `homeserver migrate --to`
+
+/// What `migrate` does with the files beside the stores, decided before it copies any
+/// data (so a refusal leaves the target untouched).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct CarryPlan {
+    /// Copy the source's key to the target's `keys.secret_key_file` (absent there).
+    pub copy_key: Option<(PathBuf, PathBuf)>,
+    /// Copy the source's policies folder into the target's (absent or empty there).
+    pub copy_policies: Option<(PathBuf, PathBuf)>,
+}
+
+/// The key and policies of the deployment at `from` must be the target's: refuses when
+/// the target's `keys.secret_key_file` holds another key (the server would get a new
+/// identity) or its policies folder holds other files, naming both paths.
+pub fn plan_carry(
+    from_key: &Path,
+    from_policies: &Path,
+    to_key: &Path,
+    to_policies: &Path,
+) -> Result<CarryPlan, BackupError> {
+    let source = std::fs::read_to_string(from_key).map_err(|e| {
+        BackupError::Target(format!(
+            "the server key {} (keys.secret_key_file of the source): {e}; the copy would \
+             get a new identity without it",
+            from_key.display()
+        ))
+    })?;
+    let copy_key = match std::fs::read_to_string(to_key) {
+        Ok(target) if target.trim() == source.trim() => None,
+        Ok(_) => {
+            return Err(BackupError::Target(format!(
+                "the target's keys.secret_key_file {} holds another key than the source's \
+                 {}: the servers would get a new identity (clients that pinned the key and \
+                 the pkarr records would no longer match). Point the target's \
+                 keys.secret_key_file at a path without a key (it is copied there), or \
+                 remove {} if nothing uses it",
+                to_key.display(),
+                from_key.display(),
+                to_key.display()
+            )));
+        }
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => {
+            Some((from_key.to_owned(), to_key.to_owned()))
+        }
+        Err(e) => return Err(io(to_key)(e)),
+    };
+    let same_folder = match (from_policies.canonicalize(), to_policies.canonicalize()) {
+        (Ok(a), Ok(b)) => a == b,
+        _ => false,
+    };
+    let copy_policies = if same_folder || is_empty_folder(from_policies)? {
+        None
+    } else if is_empty_folder(to_policies)? {
+        Some((from_policies.to_owned(), to_policies.to_owned()))
+    } else if same_files(from_policies, to_policies)? {
+        None
+    } else {
+        return Err(BackupError::Target(format!(
+            "the target's policies folder {} holds other files than the source's {}: \
+             empty it (it is then copied) or make them the same",
+            to_policies.display(),
+            from_policies.display()
+        )));
+    };
+    Ok(CarryPlan {
+        copy_key,
+        copy_policies,
+    })
+}
+
+/// Does what [`plan_carry`] decided.
+pub fn carry(plan: &CarryPlan) -> Result<(), BackupError> {
+    if let Some((from, to)) = &plan.copy_key {
+        copy_file(from, to)?;
+    }
+    if let Some((from, to)) = &plan.copy_policies {
+        copy_tree(from, to)?;
+    }
+    Ok(())
+}
+
+/// Whether two folders hold the same files with the same bytes.
+fn same_files(a: &Path, b: &Path) -> Result<bool, BackupError> {
+    let listing = |dir: &Path| -> Result<Vec<(String, u64, [u8; 32])>, BackupError> {
+        let mut files = Vec::new();
+        for path in tree_files(dir)? {
+            let (size, hash) = hash_file(&path)?;
+            files.push((relative_name(dir, &path)?, size, hash));
+        }
+        Ok(files)
+    };
+    Ok(listing(a)? == listing(b)?)
 }

@@ -29,6 +29,7 @@ mod limits;
 mod listing;
 mod maintenance;
 mod metrics;
+mod move_deployment;
 mod nginx;
 mod openapi;
 mod pkarr;

@@ -17,12 +17,16 @@ use reqwest::Method;
 use crate::backend::{PgDatabase, S3Server};
 use crate::fixture::*;
 
-/// A config file for the stores of `config` (what the tools read with --config).
+/// A config file for the stores, key and policies of `config` (what the tools read with
+/// --config).
 fn write_config(config: &Config, file: &Path) {
     let mut text = format!(
-        "[storage]\ndatabase_url = \"{}\"\nblobs = \"{}\"\n",
+        "[storage]\ndatabase_url = \"{}\"\nblobs = \"{}\"\n[keys]\nsecret_key_file = \"{}\"\n\
+         [policies]\ndir = \"{}\"\n",
         config.storage.database_url.expose_secret(),
-        config.storage.blobs
+        config.storage.blobs,
+        config.keys.secret_key_file.display(),
+        config.policies.dir.display()
     );
     let s3 = &config.s3;
     if !s3.endpoint.is_empty() {
