@@ -104,7 +104,9 @@ fn assert_preflight_allowed(r: &Response, allowed: &str) {
 
 #[tokio::test]
 async fn preflights_are_answered_before_the_rate_limit_and_credentials() {
-    let host = TestHost::start_with(|c| {
+    // One instance: rate limits are each instance's own, and the count below is one
+    // bucket's.
+    let host = TestHost::start_single_with(|c| {
         c.rate_limit.enabled = true;
         c.rate_limit.anonymous_per_minute = 2;
     })
