@@ -290,6 +290,10 @@ impl Homeserver {
 
         let mut tasks = JoinSet::new();
         let limits = connection_limits(config);
+        context
+            .metrics
+            .max_connections
+            .set(i64::try_from(limits.max_connections).unwrap_or(i64::MAX));
         let http_addr = http.1;
         let http_transport = match &certificate {
             Some(files) => serve::Transport::Tls(files.server_config()),

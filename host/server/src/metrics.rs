@@ -30,6 +30,9 @@ pub struct Metrics {
     pub pkarr_failing: IntGauge,
     pub pkarr_users_published: IntGauge,
     open_connections: IntGaugeVec,
+    /// The most connections each listener keeps open (`http.max_connections`, after
+    /// lowering to the open-files limit): what `hs_open_connections` runs into.
+    pub max_connections: IntGauge,
     /// 1 while a backing store (`metadata`, `blobs`) answers, as the readiness check
     /// last saw it; `ready` is 1 while `GET /ready` answers 200.
     backend_up: IntGaugeVec,
@@ -126,6 +129,10 @@ impl Metrics {
             Opts::new("hs_open_connections", "Open connections, by listener."),
             &["listener"],
         )?;
+        let max_connections = IntGauge::new(
+            "hs_max_connections",
+            "Connections each listener keeps open at most (past it, new ones displace idle ones or are refused).",
+        )?;
         let backend_up = IntGaugeVec::new(
             Opts::new(
                 "hs_backend_up",
@@ -165,6 +172,7 @@ impl Metrics {
         registry.register(Box::new(rate_limited.clone()))?;
         registry.register(Box::new(unproven_upload_bytes.clone()))?;
         registry.register(Box::new(open_connections.clone()))?;
+        registry.register(Box::new(max_connections.clone()))?;
         registry.register(Box::new(backend_up.clone()))?;
         registry.register(Box::new(ready.clone()))?;
         registry.register(Box::new(pkarr_last_success.clone()))?;
@@ -183,6 +191,7 @@ impl Metrics {
             pkarr_failing,
             pkarr_users_published,
             open_connections,
+            max_connections,
             backend_up,
             ready,
             rate_limited,

@@ -1,12 +1,15 @@
 //! What the end-to-end tests of `pk` (host/client/tests/cli) and `pkbot`
 //! (host/bot/tests/e2e) share: a free port, the `homeserver` binary built next to the
 //! test, and a real homeserver process on a throwaway folder; and, for any test that
-//! checks what was logged, [`CapturedLog`]. (The server's own suite,
+//! checks what was logged, [`CapturedLog`]; and [`promtool`] for the tests that lint
+//! metrics or check alert rules. (The server's own suite,
 //! host/server/tests/api, has fixtures of its own: most of its servers run in the test
 //! process, and its binary processes need the admin API and `./data`; it shares
 //! `free_port`.)
 //!
 //! Only for tests: the helpers panic on failure, with the process's log.
+
+pub mod promtool;
 
 use std::net::{TcpListener, TcpStream};
 use std::path::{Path, PathBuf};

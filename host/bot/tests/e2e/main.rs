@@ -126,7 +126,7 @@ async fn local_mode_summarizes_fact_checks_and_honours_the_safety_filter() {
         );
     }
     assert!(metrics.contains("bot_db_query_duration_seconds_count"));
-    promtool_lints(&metrics);
+    hs_testkit::promtool::check_metrics("the bot's metrics", &metrics);
     // The spec's JSON log lines, with their context fields.
     let line = bot
         .log_text()
@@ -603,42 +603,6 @@ async fn killed_and_restarted_at_any_step_one_reply_per_mention_on_sqlite() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn killed_and_restarted_at_any_step_one_reply_per_mention_on_postgres() {
     killed_and_restarted(true).await;
-}
-
-/// `promtool check metrics` on `text`, when installed (CI installs it: there a missing
-/// promtool fails the test).
-fn promtool_lints(text: &str) {
-    use std::io::Write;
-    let child = std::process::Command::new("promtool")
-        .args(["check", "metrics"])
-        .stdin(std::process::Stdio::piped())
-        .stdout(std::process::Stdio::piped())
-        .stderr(std::process::Stdio::piped())
-        .spawn();
-    match child {
-        Ok(mut child) => {
-            child
-                .stdin
-                .take()
-                .unwrap()
-                .write_all(text.as_bytes())
-                .unwrap();
-            let out = child.wait_with_output().unwrap();
-            assert!(
-                out.status.success(),
-                "promtool check metrics failed:\n{}{}",
-                String::from_utf8_lossy(&out.stdout),
-                String::from_utf8_lossy(&out.stderr)
-            );
-        }
-        Err(e) => {
-            assert!(
-                std::env::var("CI").as_deref() != Ok("true"),
-                "promtool missing in CI: {e}"
-            );
-            eprintln!("SKIPPED promtool lint: promtool not installed ({e})");
-        }
-    }
 }
 
 /// A post in the feed the homeserver cannot serve (its blob is gone) is skipped after a

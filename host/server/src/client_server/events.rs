@@ -64,6 +64,7 @@ pub async fn stream(State(app): State<AppState>, request: Request) -> Response {
         .get::<ClientIp>()
         .map_or(IpAddr::from([127, 0, 0, 1]), |c| c.0);
     let Some(slot) = app.stream_slots.acquire(ip) else {
+        app.metrics.observe_rate_limited("event_streams");
         return ApiError::new(
             ErrorCode::RateLimitExceeded,
             format!(
