@@ -202,6 +202,7 @@ impl Bot {
             metrics,
             status,
             unpublished: std::sync::Mutex::new(Vec::new()),
+            routing_locks: Default::default(),
         });
         tracing::info!(listen = %http_addr, "health and metrics");
         {

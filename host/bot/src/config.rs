@@ -130,6 +130,9 @@ pub struct WorkersConfig {
     pub factcheck_concurrency: usize,
     /// Replies published at once (by the leader).
     pub publisher_concurrency: usize,
+    /// Mentions routed at once (by the leader): mentions of one author or one thread
+    /// are still decided one at a time, in order.
+    pub router_concurrency: usize,
     /// How often mentions a passing failure left unanswered are tried again.
     pub redrive_interval_secs: u64,
     /// "" (poller, router, publisher), or a worker type (needs the Redis bus).
@@ -455,6 +458,10 @@ impl BotConfig {
             (
                 "workers.publisher_concurrency",
                 self.workers.publisher_concurrency as u64,
+            ),
+            (
+                "workers.router_concurrency",
+                self.workers.router_concurrency as u64,
             ),
             (
                 "workers.redrive_interval_secs",

@@ -39,6 +39,33 @@ pub struct BotContext {
     pub status: Arc<StatusBoard>,
     /// Mentions recorded that the bus could not take yet (the poller tries again).
     pub unpublished: Mutex<Vec<crate::bus::MentionReceived>>,
+    /// What the router decides one at a time: mentions of one author, or in one thread.
+    pub routing_locks: KeyedLocks,
+}
+
+/// Locks by name, made on first use and forgotten when nobody holds or waits for them.
+#[derive(Default)]
+pub struct KeyedLocks(Mutex<std::collections::HashMap<String, Arc<tokio::sync::Mutex<()>>>>);
+
+impl KeyedLocks {
+    /// Holds the locks of every key (taken in sorted order: two callers sharing keys
+    /// never wait on each other crosswise) until the guards drop.
+    pub async fn lock(&self, keys: &[&str]) -> Vec<tokio::sync::OwnedMutexGuard<()>> {
+        let mut keys: Vec<&str> = keys.to_vec();
+        keys.sort_unstable();
+        keys.dedup();
+        let mut guards = Vec::with_capacity(keys.len());
+        for key in keys {
+            let lock = {
+                let mut map = self.0.lock().unwrap_or_else(|e| e.into_inner());
+                // Locks nobody holds or waits for any more go (the map stays small).
+                map.retain(|_, l| Arc::strong_count(l) > 1);
+                map.entry(key.to_owned()).or_default().clone()
+            };
+            guards.push(lock.lock_owned().await);
+        }
+        guards
+    }
 }
 
 /// What the health endpoint reports that no store holds.

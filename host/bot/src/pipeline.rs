@@ -89,7 +89,7 @@ pub async fn start(
             tasks,
             stop,
             Topic::MentionReceived,
-            1,
+            ctx.config.workers.router_concurrency,
             |ctx, message| async move {
                 match message {
                     Message::MentionReceived(m) => router::handle(ctx, m.mention_id).await,
@@ -141,8 +141,7 @@ pub async fn start(
         stop,
         Topic::ActionCompleted,
         // Replies are reserved per mention in the database first, so publishers running
-        // side by side cannot post twice (the router stays one: the caps count its
-        // decisions in order).
+        // side by side cannot post twice.
         ctx.config.workers.publisher_concurrency,
         |ctx, message| async move {
             match message {
@@ -225,6 +224,11 @@ where
                     }
                 };
                 pause = Duration::from_millis(100);
+                if ctx.store.fence().current().is_err() {
+                    // Handed out while this process lost the lease: not tried here.
+                    let _ = consumer.release(&delivery).await;
+                    return;
+                }
                 let id = delivery.mention_id().map(str::to_owned);
                 if let Some(id) = &id {
                     in_flight.set().insert(id.clone());
@@ -299,7 +303,7 @@ async fn deliver<F, Fut>(
                 "left to the process that took this work over"
             );
             // No longer kept claimed here: the process that has the work takes it.
-            if let Err(e) = consumer.failed(&delivery, &error.to_string()).await {
+            if let Err(e) = consumer.release(&delivery).await {
                 tracing::warn!(stream = topic.name(), error = %e, "could not let a message go");
             }
             return;
@@ -344,7 +348,7 @@ async fn dead_letter(ctx: &BotContext, consumer: &dyn Consumer, delivery: &Deliv
     let topic = delivery.topic;
     if let Err(e) = ctx.store.fence().current() {
         tracing::warn!(stream = topic.name(), error = %e, "not dead-lettered: left to the new leader");
-        let _ = consumer.failed(delivery, reason).await;
+        let _ = consumer.release(delivery).await;
         return;
     }
     tracing::error!(

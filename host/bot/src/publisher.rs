@@ -36,7 +36,7 @@ pub async fn handle(ctx: Arc<BotContext>, done: ActionCompleted) -> Result<(), S
         Some(reserved) => reserved,
         None => {
             let content = clip(&done.reply, MAX_SHORT_POST_CHARS);
-            if let Some(why) = blocked(&ctx, &content).await {
+            if let Some(why) = blocked(&ctx, &content).await? {
                 ctx.metrics.replies_blocked.inc();
                 tracing::warn!(
                     mentionId = %mention.id,
@@ -97,17 +97,19 @@ pub async fn handle(ctx: Arc<BotContext>, done: ActionCompleted) -> Result<(), S
 
 /// Why the safety filter keeps `text` back, if it does (the configured
 /// `safety.wordlist`: only matches from its `lists` count, and only when
-/// `blockOnMatch`).
-async fn blocked(ctx: &BotContext, text: &str) -> Option<String> {
+/// `blockOnMatch`). A filter that could not answer is an error: nothing is published
+/// until it does (one that was busy or ran past its deadline, as on a loaded machine,
+/// may answer the next time; one that traps or is missing fails the mention into the
+/// dead letters, to replay once it is fixed).
+async fn blocked(ctx: &BotContext, text: &str) -> Result<Option<String>, StageError> {
     let config = &ctx.config.safety.wordlist;
     if !config.enabled {
-        return None;
+        return Ok(None);
     }
     // Off the async workers: a guest that loops holds a guest thread, never a worker.
     let verdict = ctx.guests.check_text_isolated(text.to_owned()).await;
-    if verdict.is_failure() {
-        // The filter's safe default: block.
-        return Some("the safety filter failed".into());
+    if let Some(failure) = verdict.failure {
+        return Err(StageError::SafetyFilter(failure));
     }
     let matches: Vec<String> = verdict
         .matches
@@ -116,11 +118,11 @@ async fn blocked(ctx: &BotContext, text: &str) -> Option<String> {
         .map(|m| format!("{} in {}", m.term, m.list))
         .collect();
     if matches.is_empty() {
-        return None;
+        return Ok(None);
     }
     if !config.block_on_match {
         tracing::info!(matches = %matches.join(", "), "reply matched the wordlists (blockOnMatch is off)");
-        return None;
+        return Ok(None);
     }
-    Some(matches.join(", "))
+    Ok(Some(matches.join(", ")))
 }

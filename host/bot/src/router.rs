@@ -50,7 +50,21 @@ pub async fn handle(ctx: Arc<BotContext>, mention_id: String) -> Result<(), Stag
     let decision = match ctx.store.routing_decision(&mention.id).await? {
         Some(earlier) => earlier,
         None => {
-            let decision = decide(&ctx, &mention).await?;
+            let thread_root = thread_root(&ctx, &mention).await?;
+            // Mentions of one author or in one thread are decided one at a time: each
+            // sees the decisions before it (the caps, opt-outs, the rate limit).
+            let _held = ctx
+                .routing_locks
+                .lock(&[
+                    &format!("author:{}", mention.author),
+                    &format!("thread:{}", thread_root.as_deref().unwrap_or(&mention.id)),
+                ])
+                .await;
+            if let Some(earlier) = ctx.store.routing_decision(&mention.id).await? {
+                return finish_routing(&ctx, &mention, earlier).await;
+            }
+            let mut decision = decide_action(&ctx, &mention, thread_root.as_deref()).await?;
+            decision.thread_root = thread_root;
             let _ = ctx
                 .shared
                 .claim_key(&format!("route:{}", mention.id), KEY_LIFETIME)
@@ -64,10 +78,19 @@ pub async fn handle(ctx: Arc<BotContext>, mention_id: String) -> Result<(), Stag
             decision
         }
     };
+    finish_routing(&ctx, &mention, decision).await
+}
+
+/// Applies a stored decision and hands the mention on.
+async fn finish_routing(
+    ctx: &BotContext,
+    mention: &Mention,
+    decision: RoutingDecision,
+) -> Result<(), StageError> {
     // After the decision is stored, and again on every redelivery (each is idempotent):
     // a crash between the two cannot lose the opt-out the decision confirms.
     if let Some(effect) = decision.effect {
-        apply(&ctx, &mention.author, effect).await?;
+        apply(ctx, &mention.author, effect).await?;
     }
     tracing::info!(
         mentionId = %mention.id,
@@ -78,7 +101,7 @@ pub async fn handle(ctx: Arc<BotContext>, mention_id: String) -> Result<(), Stag
         "mention routed"
     );
     crate::failpoint::hit("after-route");
-    if hand_on(&ctx, &mention, &decision).await? {
+    if hand_on(ctx, mention, &decision).await? {
         ctx.store.mark_routed(&mention.id).await?;
     }
     Ok(())
@@ -161,20 +184,16 @@ async fn apply(ctx: &BotContext, author: &str, effect: Effect) -> Result<(), Sta
     Ok(())
 }
 
-/// The decision for a mention not routed before, with the root of its thread (what
-/// the per-thread cap counts by).
-async fn decide(ctx: &BotContext, mention: &Mention) -> Result<RoutingDecision, StageError> {
-    let thread_root = match PostUri::parse(&mention.post_uri) {
+/// The root of the thread a mention is in (what the per-thread cap counts by).
+async fn thread_root(ctx: &BotContext, mention: &Mention) -> Result<Option<String>, StageError> {
+    Ok(match PostUri::parse(&mention.post_uri) {
         Some(uri) => Some(
             index::thread_root(ctx.index.as_ref(), &uri)
                 .await?
                 .to_string(),
         ),
         None => None,
-    };
-    let mut decision = decide_action(ctx, mention, thread_root.as_deref()).await?;
-    decision.thread_root = thread_root;
-    Ok(decision)
+    })
 }
 
 /// What a mention asks for, within the limits.
@@ -293,9 +312,9 @@ struct Limited {
     notice: Option<String>,
 }
 
-/// Whether the per-thread cap or the per-user rate limit stops an action now. The
-/// router is one consumer, so decisions are made one at a time and each sees the ones
-/// before it (the cap counts decisions, not published replies).
+/// Whether the per-thread cap or the per-user rate limit stops an action now. Decisions
+/// of one author or in one thread are made one at a time (the router's locks), so each
+/// sees the ones before it.
 async fn limit(
     ctx: &BotContext,
     mention: &Mention,

@@ -181,6 +181,11 @@ impl Homeserver {
     }
 
     /// Everything the server has logged so far.
+    /// The process's id while it runs.
+    pub fn pid(&self) -> Option<u32> {
+        self.child.as_ref().map(Child::id)
+    }
+
     pub fn log_text(&self) -> String {
         std::fs::read_to_string(&self.log).unwrap_or_default()
     }

@@ -105,6 +105,10 @@ impl Consumer for InProcessConsumer {
         Ok(())
     }
 
+    async fn release(&self, _: &Delivery) -> Result<(), BusError> {
+        Ok(())
+    }
+
     async fn dead_letter(&self, _: &Delivery, _: &str) -> Result<Option<String>, BusError> {
         Ok(None)
     }

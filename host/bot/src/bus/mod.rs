@@ -242,6 +242,11 @@ pub trait Consumer: Send + Sync {
     /// becomes after too many.
     async fn failed(&self, delivery: &Delivery, reason: &str) -> Result<(), BusError>;
 
+    /// Lets the message go untried (this process no longer has the work: it lost the
+    /// leader lease or the action's claim): it comes back to another consumer after the
+    /// claim time, and this delivery does not count towards the bus's limit.
+    async fn release(&self, delivery: &Delivery) -> Result<(), BusError>;
+
     /// Moves the message to `dead-letter.v1` with `reason`. Returns the dead letter's
     /// id there, or None when this bus keeps no dead letters (the database's table is
     /// then the only record).

@@ -528,6 +528,19 @@ impl RedisConsumer {
             .map(|entry| self.delivery(&entry, 1)))
     }
 
+    /// How many of the message's deliveries went to a process that let it go untried
+    /// (it no longer led): those do not count towards `max_deliveries`.
+    async fn released(&self, id: &str) -> Result<u64, BusError> {
+        let mut conn = self.shared.conn.clone();
+        self.shared.ops.count("failure");
+        let released: Option<u64> = redis::cmd("HGET")
+            .arg(self.shared.failures_key())
+            .arg(format!("{}#released", self.failure_field(id)))
+            .query_async(&mut conn)
+            .await?;
+        Ok(released.unwrap_or(0))
+    }
+
     /// The reason noted at the message's last failure.
     async fn last_failure(&self, id: &str) -> Result<Option<String>, BusError> {
         let mut conn = self.shared.conn.clone();
@@ -566,7 +579,10 @@ impl Consumer for RedisConsumer {
             };
             let Some(delivery) = delivery else { continue };
             let mut delivery = delivery;
-            if delivery.deliveries > self.shared.config.max_deliveries {
+            if delivery.deliveries > self.shared.config.max_deliveries
+                && delivery.deliveries - self.released(&delivery.id).await?
+                    > self.shared.config.max_deliveries
+            {
                 // The pipeline dead-letters it (and fails its mention), saying why.
                 delivery.exhausted = Some(match self.last_failure(&delivery.id).await? {
                     Some(reason) => format!(
@@ -614,6 +630,19 @@ impl Consumer for RedisConsumer {
                 "not acknowledged: another consumer took the message over meanwhile"
             );
         }
+        Ok(())
+    }
+
+    async fn release(&self, delivery: &Delivery) -> Result<(), BusError> {
+        self.working().remove(&delivery.id);
+        let mut conn = self.shared.conn.clone();
+        self.shared.ops.count("failure");
+        let _: Value = redis::cmd("HINCRBY")
+            .arg(self.shared.failures_key())
+            .arg(format!("{}#released", self.failure_field(&delivery.id)))
+            .arg(1)
+            .query_async(&mut conn)
+            .await?;
         Ok(())
     }
 
@@ -679,7 +708,7 @@ local letter = redis.call('XADD', KEYS[3], '*', 'stream', ARGV[5], 'id', ARGV[3]
   'payload', ARGV[6], 'reason', ARGV[7], 'deliveries', ARGV[8], 'at', ARGV[9])
 redis.call('XACK', KEYS[1], ARGV[1], ARGV[3])
 redis.call('XDEL', KEYS[1], ARGV[3])
-redis.call('HDEL', KEYS[2], ARGV[4])
+redis.call('HDEL', KEYS[2], ARGV[4], ARGV[4] .. '#released')
 return letter";
 
 /// Publishes (XADD) only while the leader lease (KEYS[2]) holds ARGV[1].
@@ -700,7 +729,7 @@ if entry[1] and entry[1][2] ~= ARGV[2] then
 end
 redis.call('XACK', KEYS[1], ARGV[1], ARGV[3])
 redis.call('XDEL', KEYS[1], ARGV[3])
-redis.call('HDEL', KEYS[2], ARGV[4])
+redis.call('HDEL', KEYS[2], ARGV[4], ARGV[4] .. '#released')
 return 1";
 
 /// Renews the claim on messages still owned by the consumer (ARGV[1] = group, ARGV[2]

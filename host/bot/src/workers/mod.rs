@@ -44,6 +44,9 @@ pub enum StageError {
     /// Writing to the bot's homeserver failed.
     #[error("the homeserver: {0}")]
     Homeserver(#[from] pk_client::ClientError),
+    /// The safety filter could not answer (nothing is published meanwhile).
+    #[error("the safety filter failed: {0}")]
+    SafetyFilter(homeserver_runtime::GuestFailure),
     /// This worker lost the action's claim (it stalled past it): another runs it.
     #[error("the action's claim was taken over by another worker")]
     ClaimLost,
@@ -70,6 +73,12 @@ impl StageError {
             },
             Self::Other(_) => false,
             Self::ClaimLost => true,
+            Self::SafetyFilter(failure) => matches!(
+                failure,
+                homeserver_runtime::GuestFailure::Busy { .. }
+                    | homeserver_runtime::GuestFailure::Timeout { .. }
+                    | homeserver_runtime::GuestFailure::Instantiate { .. }
+            ),
         }
     }
 

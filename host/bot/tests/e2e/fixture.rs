@@ -140,6 +140,11 @@ impl BotProcess {
         String::from_utf8(out.stdout).unwrap()
     }
 
+    /// The process's id while it runs.
+    pub fn pid(&self) -> Option<u32> {
+        self.child.as_ref().map(Child::id)
+    }
+
     /// Sends the process a signal (`STOP`, `CONT`, ...).
     pub fn signal(&self, name: &str) {
         let child = self.child.as_ref().expect("running");
@@ -345,10 +350,15 @@ impl User {
             kind: "short".into(),
             parent: parent.map(ToString::to_string),
         };
-        self.client
-            .put_bytes(&uri.path(), serde_json::to_vec(&post).unwrap())
-            .await
-            .unwrap();
+        let body = serde_json::to_vec(&post).unwrap();
+        // A loaded homeserver may answer 503 (busy) or 429: as a client would, try again.
+        let mut tries = 0;
+        while let Err(e) = self.client.put_bytes(&uri.path(), body.clone()).await {
+            tries += 1;
+            assert!(tries < 5, "posting {uri}: {e}");
+            eprintln!("posting {uri}: {e}; trying again");
+            tokio::time::sleep(Duration::from_millis(200 * tries)).await;
+        }
         uri
     }
 }
@@ -605,4 +615,13 @@ fn unfenced(prompt: &str) -> String {
         }
     }
     out
+}
+
+/// CPU seconds (user + system) process `pid` has used so far, from /proc (Linux).
+pub fn cpu_seconds(pid: u32) -> Option<f64> {
+    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
+    // The fields after the command name, which is in parentheses and may hold spaces.
+    let fields: Vec<&str> = stat.rsplit_once(')')?.1.split_whitespace().collect();
+    let ticks: f64 = fields.get(11)?.parse::<f64>().ok()? + fields.get(12)?.parse::<f64>().ok()?;
+    Some(ticks / 100.0)
 }

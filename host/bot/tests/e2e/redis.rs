@@ -741,9 +741,10 @@ async fn load_every_mention_one_reply_while_processes_are_killed() {
     let standby = bot.start("leader-2", &[]);
     let worker = |name: &str, kind: &str| bot.start(name, &[("WORKER_TYPE", kind)]);
     let mut s1 = worker("summary-1", "summary");
-    let _s2 = worker("summary-2", "summary");
-    let _f1 = worker("factcheck-1", "factcheck");
-    let _f2 = worker("factcheck-2", "factcheck");
+    let s2 = worker("summary-2", "summary");
+    let f1 = worker("factcheck-1", "factcheck");
+    let f2 = worker("factcheck-2", "factcheck");
+    let mut cpu = CpuUse::default();
     let reader = bot.reader();
     let handle = format!("pk:{}", leader.key);
     let bot_key = leader.key;
@@ -783,32 +784,52 @@ async fn load_every_mention_one_reply_while_processes_are_killed() {
         .await;
         mentions.extend(posted);
         if mentions.len() == total / 3 {
+            cpu.add("summary workers", s1.pid());
             s1.kill(); // a summary worker dies mid-run
         }
         if mentions.len() == total / 2 {
+            cpu.add("leader + standby", leader.pid());
             leader.kill(); // and the leader: the standby takes over
         }
     }
     let posted_in = started.elapsed();
     s1.restart();
 
-    // Every mention answered, once.
+    // Every mention answered, once. While waiting, the replies are counted in the
+    // bot's database (reading them from the homeserver each time would load it more
+    // than the bot does); then read from the homeserver once.
     let mut latencies = Vec::with_capacity(total);
     let deadline = Instant::now() + Duration::from_secs(600);
     loop {
-        let replies = posts_of(&reader, bot_key).await;
-        if replies.len() >= total {
+        let replies = standby
+            .query_scalar("SELECT COUNT(*) FROM replies WHERE published_at IS NOT NULL")
+            .await;
+        if replies >= total as i64 {
             break;
         }
         assert!(
             Instant::now() < deadline,
-            "{} of {total} replies:\n{}",
-            replies.len(),
+            "{replies} of {total} replies:\n{}",
             standby.log_text()
         );
-        tokio::time::sleep(Duration::from_millis(500)).await;
+        tokio::time::sleep(Duration::from_millis(250)).await;
     }
     let elapsed = started.elapsed();
+    // Where the CPU went, per process kind (taken before the settling below).
+    cpu.add("leader + standby", standby.pid());
+    for (name, process) in [
+        ("summary workers", &s1),
+        ("summary workers", &s2),
+        ("factcheck workers", &f1),
+        ("factcheck workers", &f2),
+    ] {
+        cpu.add(name, process.pid());
+    }
+    cpu.add("homeserver", bot.hs.pid());
+    cpu.add(
+        "this test (users, fake providers)",
+        Some(std::process::id()),
+    );
     // A late duplicate would show after the count was reached: look again once the
     // workers have had a claim time and more to settle.
     tokio::time::sleep(Duration::from_secs(3)).await;
@@ -850,4 +871,34 @@ async fn load_every_mention_one_reply_while_processes_are_killed() {
         pct(1.0),
         fake.calls.load(std::sync::atomic::Ordering::SeqCst),
     );
+    eprintln!("LOAD CPU per mention: {}", cpu.per(total));
+}
+
+/// CPU seconds used, per kind of process (a killed process's counted before the kill).
+#[derive(Default)]
+struct CpuUse(Vec<(&'static str, f64)>);
+
+impl CpuUse {
+    fn add(&mut self, name: &'static str, pid: Option<u32>) {
+        let Some(seconds) = pid.and_then(cpu_seconds) else {
+            return;
+        };
+        match self.0.iter_mut().find(|(n, _)| *n == name) {
+            Some((_, total)) => *total += seconds,
+            None => self.0.push((name, seconds)),
+        }
+    }
+
+    /// `name X ms` for each, per mention, and their sum.
+    fn per(&self, mentions: usize) -> String {
+        let ms = |s: f64| s * 1000.0 / mentions as f64;
+        let mut parts: Vec<String> = self
+            .0
+            .iter()
+            .map(|(name, s)| format!("{name} {:.1} ms", ms(*s)))
+            .collect();
+        let sum: f64 = self.0.iter().map(|(_, s)| s).sum();
+        parts.push(format!("total {:.1} ms", ms(sum)));
+        parts.join(", ")
+    }
 }

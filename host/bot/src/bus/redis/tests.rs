@@ -392,3 +392,32 @@ async fn a_publish_is_fenced_by_the_leader_lease() {
         .unwrap();
     assert_eq!(queued, HashSet::from(["while-leading".to_owned()]));
 }
+
+#[tokio::test]
+async fn a_delivery_let_go_untried_does_not_count() {
+    let Some(bus) = bus("released", 500, 1).await else {
+        return;
+    };
+    let a = bus.consumer(Topic::SummaryRequested).await.unwrap();
+    bus.publish(Topic::SummaryRequested, request("m"))
+        .await
+        .unwrap();
+    let first = next(&a).await;
+    // A process that no longer leads lets it go: the next delivery is not its last.
+    a.release(&first).await.unwrap();
+    let b = bus.consumer(Topic::SummaryRequested).await.unwrap();
+    let again = next(&b).await;
+    assert_eq!(
+        (again.id.as_str(), again.deliveries),
+        (first.id.as_str(), 2)
+    );
+    assert_eq!(
+        again.exhausted, None,
+        "one delivery of the limit of 1 was tried"
+    );
+    // A failure that counts: the next delivery is past the limit.
+    b.failed(&again, "boom").await.unwrap();
+    let last = next(&a).await;
+    assert!(last.exhausted.as_deref().unwrap_or("").contains("boom"));
+    a.ack(&last).await.unwrap();
+}
