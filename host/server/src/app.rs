@@ -12,6 +12,7 @@ use tokio::net::TcpListener;
 use tokio::task::JoinSet;
 use tokio_util::sync::CancellationToken;
 
+use crate::access_log::AccessLog;
 use crate::config::{Config, PolicyStartMode};
 use crate::metrics::Metrics;
 use crate::persistence::{self, BlobStore};
@@ -294,6 +295,15 @@ impl Homeserver {
             .metrics
             .max_connections
             .set(i64::try_from(limits.max_connections).unwrap_or(i64::MAX));
+        // One line per request on the client listeners (the client address after the
+        // trusted proxies) and the admin one (its peer); not on the metrics listener.
+        let access_log = |listener| {
+            config
+                .logging
+                .access
+                .then(|| AccessLog::new(listener, &config.rate_limit.trusted_proxies))
+        };
+        let admin_access_log = config.logging.access.then(|| AccessLog::new("admin", &[]));
         let http_addr = http.1;
         let http_transport = match &certificate {
             Some(files) => serve::Transport::Tls(files.server_config()),
@@ -307,6 +317,7 @@ impl Homeserver {
             shutdown.clone(),
             limits.clone(),
             context.metrics.open_connections("http"),
+            access_log("http"),
         ));
         tracing::info!(
             listener = "http",
@@ -329,6 +340,7 @@ impl Homeserver {
                 shutdown.clone(),
                 limits.clone(),
                 context.metrics.open_connections("tls"),
+                access_log("tls"),
             ));
             tracing::info!(listener = "tls", %address, "listening (raw-public-key TLS)");
         }
@@ -343,6 +355,7 @@ impl Homeserver {
                     shutdown.clone(),
                     limits.clone(),
                     context.metrics.open_connections("admin"),
+                    admin_access_log,
                 ));
                 tracing::info!(listener = "admin", %address, "listening");
             }
@@ -358,6 +371,7 @@ impl Homeserver {
                 shutdown.clone(),
                 limits.clone(),
                 context.metrics.open_connections("metrics"),
+                None,
             ));
             tracing::info!(listener = "metrics", %address, "listening");
         }

@@ -274,6 +274,8 @@ pub enum LogFormat {
 #[serde(deny_unknown_fields)]
 pub struct LoggingConfig {
     pub format: LogFormat,
+    /// One line per request (tracing target `access`) on the client and admin listeners.
+    pub access: bool,
 }
 
 #[derive(Debug, thiserror::Error)]
@@ -308,9 +310,14 @@ impl Config {
                 path: path.to_owned(),
                 source,
             })?;
-            figment = figment.merge(Toml::string(&text));
+            figment = figment.merge(Toml::string(&logging_alias(&text, path)?));
         }
-        figment = figment.merge(Env::prefixed(ENV_PREFIX).split("__"));
+        figment = figment.merge(Env::prefixed(ENV_PREFIX).split("__").map(|key| {
+            match key.as_str().strip_prefix("log.") {
+                Some(rest) => format!("{LOGGING_SECTION}.{rest}").into(),
+                None => key.into(),
+            }
+        }));
         let unknown = unknown_keys(&figment, file);
         if !unknown.is_empty() {
             return Err(ConfigError::Invalid(format!(
@@ -334,7 +341,8 @@ impl Config {
             path: file.to_owned(),
             source,
         })?;
-        let figment = Figment::from(Toml::string(DEFAULT_CONFIG)).merge(Toml::string(&text));
+        let figment = Figment::from(Toml::string(DEFAULT_CONFIG))
+            .merge(Toml::string(&logging_alias(&text, file)?));
         let unknown = unknown_keys(&figment, Some(file));
         if !unknown.is_empty() {
             return Err(ConfigError::Invalid(format!(
@@ -526,6 +534,46 @@ fn check_loaded(
     })
 }
 
+/// The logging section's name; `[log]` (and `HOMESERVER__LOG__*`) is accepted for it,
+/// the name the issue tracker and other servers use.
+const LOGGING_SECTION: &str = "logging";
+const LOGGING_ALIAS: &str = "log";
+
+/// `text` with a `[log]` section renamed `[logging]` (merged with one that is there
+/// too; a key in both is refused). Text that is not valid TOML is passed on for
+/// figment to report.
+fn logging_alias(text: &str, path: &Path) -> Result<String, ConfigError> {
+    let Ok(mut table) = text.parse::<toml::Table>() else {
+        return Ok(text.to_owned());
+    };
+    let Some(alias) = table.remove(LOGGING_ALIAS) else {
+        return Ok(text.to_owned());
+    };
+    let toml::Value::Table(alias) = alias else {
+        return Err(ConfigError::Invalid(format!(
+            "{LOGGING_ALIAS} (in {}) must be a section: [{LOGGING_ALIAS}]",
+            path.display()
+        )));
+    };
+    let logging = table
+        .entry(LOGGING_SECTION)
+        .or_insert_with(|| toml::Value::Table(toml::Table::new()));
+    let toml::Value::Table(logging) = logging else {
+        return Ok(text.to_owned());
+    };
+    for (key, value) in alias {
+        if logging.contains_key(&key) {
+            return Err(ConfigError::Invalid(format!(
+                "{key} is set in both [{LOGGING_ALIAS}] and [{LOGGING_SECTION}] (in {}): \
+                 they are one section, keep one",
+                path.display()
+            )));
+        }
+        logging.insert(key, value);
+    }
+    Ok(table.to_string())
+}
+
 /// Prefix of the environment variables that override settings.
 const ENV_PREFIX: &str = "HOMESERVER__";
 
@@ -612,6 +660,48 @@ mod tests {
         assert_eq!(c.rate_limit.anonymous_per_minute, 600);
         assert_eq!(c.rate_limit.authenticated_per_minute, 1200);
         assert_eq!(c.rate_limit.signup_token_check_per_minute, 10);
+    }
+
+    /// `[log]` is another name for `[logging]`, in a file and in the environment.
+    #[test]
+    fn the_log_section_is_the_logging_section() {
+        figment::Jail::expect_with(|jail| {
+            assert!(Config::defaults().logging.access, "on by default");
+            let dir = tempfile::tempdir().unwrap();
+            let path = dir.path().join("c.toml");
+            std::fs::write(&path, "[log]\naccess = false\nformat = \"json\"\n").unwrap();
+            let c = Config::load(Some(&path)).unwrap();
+            assert!(!c.logging.access);
+            assert_eq!(c.logging.format, LogFormat::Json);
+            assert!(!Config::load_file_only(&path).unwrap().logging.access);
+
+            // Both names in one file: merged, unless they disagree on a key.
+            std::fs::write(
+                &path,
+                "[log]\naccess = false\n[logging]\nformat = \"json\"\n",
+            )
+            .unwrap();
+            let c = Config::load(Some(&path)).unwrap();
+            assert!(!c.logging.access);
+            assert_eq!(c.logging.format, LogFormat::Json);
+            std::fs::write(&path, "[log]\naccess = false\n[logging]\naccess = true\n").unwrap();
+            let err = Config::load(Some(&path)).unwrap_err().to_string();
+            assert!(
+                err.contains("access is set in both [log] and [logging]"),
+                "{err}"
+            );
+
+            // The environment, either name; it overrides the file.
+            std::fs::write(&path, "[log]\naccess = false\n").unwrap();
+            jail.set_env("HOMESERVER__LOG__ACCESS", "true");
+            assert!(Config::load(Some(&path)).unwrap().logging.access);
+            jail.set_env("HOMESERVER__LOG__ACCESS", "false");
+            assert!(!Config::load(None).unwrap().logging.access);
+            jail.clear_env();
+            jail.set_env("HOMESERVER__LOGGING__ACCESS", "false");
+            assert!(!Config::load(None).unwrap().logging.access);
+            Ok(())
+        });
     }
 
     #[test]

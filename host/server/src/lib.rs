@@ -6,12 +6,13 @@
 //! with [`tls`] for the raw-public-key and X.509 listeners);
 //! [`config`] loads settings and [`local_paths`] says where its files are; [`rate_limit`]
 //! and [`metrics`] wrap client requests, [`cors`] answers browsers on other origins (in
-//! [`request_id`]'s layer), and
+//! [`request_id`]'s layer), [`access_log`] writes a line per request, and
 //! [`stream_slots`] caps each address's open event streams;
 //! [`pkarr_publish`] keeps the server's and its users' records on the mainline DHT;
 //! [`policy_cli`] and [`maintenance_cli`] are the command-line tools (guests; fsck,
 //! export, import, migrate); `main.rs` only parses the command line.
 
+pub mod access_log;
 pub mod admin_server;
 pub mod app;
 pub mod cli;

@@ -55,7 +55,7 @@ async fn main() -> ExitCode {
             .init();
         return homeserver::maintenance_cli::run(config, command).await;
     }
-    init_logging(config.logging.format);
+    init_logging(config.logging.format, config.logging.access);
     match Homeserver::start(config).await {
         Ok(server) => {
             server.run_until_signal().await;
@@ -74,8 +74,19 @@ async fn main() -> ExitCode {
     }
 }
 
-fn init_logging(format: LogFormat) {
-    let filter = EnvFilter::try_from_default_env().unwrap_or_else(|_| EnvFilter::new("info"));
+fn init_logging(format: LogFormat, access: bool) {
+    let directives = std::env::var(EnvFilter::DEFAULT_ENV).unwrap_or_else(|_| "info".into());
+    let mut filter = EnvFilter::try_new(&directives).unwrap_or_else(|_| EnvFilter::new("info"));
+    // The access log is on or off by `logging.access`, not by the default level: a
+    // `RUST_LOG=warn` that quiets the server still logs requests, unless it names the
+    // target itself (`access=off`).
+    if access && !directives.contains(homeserver::access_log::TARGET) {
+        filter = filter.add_directive(
+            format!("{}=info", homeserver::access_log::TARGET)
+                .parse()
+                .expect("a valid directive"),
+        );
+    }
     let ansi = std::io::IsTerminal::is_terminal(&std::io::stdout());
     let builder = tracing_subscriber::fmt()
         .with_env_filter(filter)

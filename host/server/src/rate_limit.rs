@@ -166,26 +166,9 @@ impl RateLimits {
         self.token_check.check(&ip)
     }
 
-    /// The client's address: the peer, or, when the peer is a trusted proxy, the last
-    /// address in `X-Forwarded-For` that is not itself a trusted proxy.
+    /// The client's address (see [`client_ip`]).
     pub fn client_ip(&self, peer: SocketAddr, headers: &HeaderMap) -> IpAddr {
-        let peer = peer.ip();
-        if !self.trusted_proxies.contains(&peer) {
-            return peer;
-        }
-        let forwarded: Vec<IpAddr> = headers
-            .get_all("x-forwarded-for")
-            .iter()
-            .filter_map(|v| v.to_str().ok())
-            .flat_map(|v| v.split(','))
-            .filter_map(|s| s.trim().parse().ok())
-            .collect();
-        forwarded
-            .iter()
-            .rev()
-            .find(|ip| !self.trusted_proxies.contains(ip))
-            .copied()
-            .unwrap_or(peer)
+        client_ip(&self.trusted_proxies, peer, headers)
     }
 
     /// Forgets buckets that are full again (bounded memory under many callers).
@@ -194,6 +177,29 @@ impl RateLimits {
         self.authenticated.retain_recent();
         self.token_check.retain_recent();
     }
+}
+
+/// The client's address: the peer, or, when the peer is one of the `trusted` proxies,
+/// the last address in `X-Forwarded-For` that is not itself a trusted proxy. (The rate
+/// limits and the access log both ask this.)
+pub fn client_ip(trusted: &[IpAddr], peer: SocketAddr, headers: &HeaderMap) -> IpAddr {
+    let peer = peer.ip();
+    if !trusted.contains(&peer) {
+        return peer;
+    }
+    let forwarded: Vec<IpAddr> = headers
+        .get_all("x-forwarded-for")
+        .iter()
+        .filter_map(|v| v.to_str().ok())
+        .flat_map(|v| v.split(','))
+        .filter_map(|s| s.trim().parse().ok())
+        .collect();
+    forwarded
+        .iter()
+        .rev()
+        .find(|ip| !trusted.contains(ip))
+        .copied()
+        .unwrap_or(peer)
 }
 
 #[cfg(test)]

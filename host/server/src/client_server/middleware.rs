@@ -32,13 +32,20 @@ pub async fn observe_and_limit(
 ) -> Response {
     let started = Instant::now();
     let method = request.method().clone();
-    let peer = request
-        .extensions()
-        .get::<ConnectInfo<SocketAddr>>()
-        .map(|c| c.0)
-        .unwrap_or_else(|| SocketAddr::from((Ipv4Addr::LOCALHOST, 0)));
-    let ip = app.rate_limits.client_ip(peer, request.headers());
-    request.extensions_mut().insert(ClientIp(ip));
+    // The access log may have worked it out already.
+    let ip = match request.extensions().get::<ClientIp>() {
+        Some(ip) => ip.0,
+        None => {
+            let peer = request
+                .extensions()
+                .get::<ConnectInfo<SocketAddr>>()
+                .map(|c| c.0)
+                .unwrap_or_else(|| SocketAddr::from((Ipv4Addr::LOCALHOST, 0)));
+            let ip = app.rate_limits.client_ip(peer, request.headers());
+            request.extensions_mut().insert(ClientIp(ip));
+            ip
+        }
+    };
 
     let limited = if request.uri().path().starts_with(SIGNUP_TOKENS_PREFIX) {
         Some((app.rate_limits.check_token_lookup(ip), "signup_token_check"))

@@ -31,6 +31,9 @@ use tokio_util::sync::CancellationToken;
 use tokio_util::task::TaskTracker;
 use tower::ServiceExt;
 
+use crate::access_log::{AccessLog, LoggedBody};
+use crate::service::caller;
+
 pub use connections::PerIpLimit;
 use connections::{Admitted, Connections, TrackedBody};
 use parse_error_body::{Dispatched, ParseErrorBody};
@@ -66,6 +69,7 @@ pub enum Transport {
     Tls(Arc<rustls::ServerConfig>),
 }
 
+#[allow(clippy::too_many_arguments)]
 pub async fn serve(
     name: &'static str,
     listener: TcpListener,
@@ -74,6 +78,7 @@ pub async fn serve(
     stop: CancellationToken,
     limits: ConnectionLimits,
     open_connections: prometheus::IntGauge,
+    access_log: Option<AccessLog>,
 ) {
     let tls = match transport {
         Transport::Plain => None,
@@ -133,6 +138,7 @@ pub async fn serve(
             name,
             peer,
             router: router.clone(),
+            access_log: access_log.clone(),
             builder: builder.clone(),
             admitted,
             limits: limits.clone(),
@@ -179,6 +185,7 @@ struct Connection {
     name: &'static str,
     peer: SocketAddr,
     router: Router,
+    access_log: Option<AccessLog>,
     builder: auto::Builder<TokioExecutor>,
     admitted: Admitted,
     limits: ConnectionLimits,
@@ -195,6 +202,7 @@ impl Connection {
             name,
             peer,
             router,
+            access_log,
             builder,
             admitted,
             limits,
@@ -212,10 +220,33 @@ impl Connection {
                 request
                     .extensions_mut()
                     .insert(ConnectInfo::<SocketAddr>(peer));
-                let response = router.clone().oneshot(request.map(Body::new));
+                let mut logged = access_log
+                    .as_ref()
+                    .and_then(|log| log.start(&mut request, peer));
+                let request = match &mut logged {
+                    Some(started) => request.map(|body| Body::new(started.count_body(body))),
+                    None => request.map(Body::new),
+                };
+                // The caller slot the services fill in, read back for the log.
+                let response = caller::scope(router.clone().oneshot(request));
                 async move {
-                    let response = response.await.unwrap_or_else(|e: Infallible| match e {});
-                    Ok::<_, Infallible>(response.map(|body| TrackedBody::new(body, in_flight)))
+                    let mut response = std::pin::pin!(response);
+                    let answer = response
+                        .as_mut()
+                        .await
+                        .unwrap_or_else(|e: Infallible| match e {});
+                    let answer = match logged {
+                        Some(started) => {
+                            let caller = response
+                                .as_mut()
+                                .take_value()
+                                .map(std::cell::Cell::into_inner)
+                                .unwrap_or_default();
+                            started.respond(answer, caller)
+                        }
+                        None => answer.map(LoggedBody::unlogged),
+                    };
+                    Ok::<_, Infallible>(answer.map(|body| TrackedBody::new(body, in_flight)))
                 }
             })
         };

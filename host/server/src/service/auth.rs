@@ -98,11 +98,11 @@ pub fn verify_signature(
     signed.update(&header.timestamp.to_le_bytes());
     signed.update(&body_hash.0);
     let signed: [u8; 32] = signed.finalize().into();
-    if PROVEN.get(&signature) == Some(signed) {
-        return Ok(());
+    if PROVEN.get(&signature) != Some(signed) {
+        header.verify(method, target, body_hash, now)?;
+        PROVEN.insert(signature, signed);
     }
-    header.verify(method, target, body_hash, now)?;
-    PROVEN.insert(signature, signed);
+    super::caller::record(super::caller::ProvenCaller::Key(header.public_key));
     Ok(())
 }
 

@@ -2,6 +2,7 @@
 //! persistence.
 //!
 //! - [`auth`]: signed requests and replay marks.
+//! - [`caller`]: who the request being served proved to be (for the access log).
 //! - [`access`]: who a request acts for and whether the capability policy lets it.
 //! - [`sessions`]: capability-limited bearer sessions.
 //! - [`storage`]: PUT, GET, DELETE and listing of entries.
@@ -15,6 +16,7 @@ pub mod access;
 pub mod admin;
 pub mod auth;
 pub mod backup;
+pub mod caller;
 pub mod entry_cache;
 pub mod error;
 pub mod events;

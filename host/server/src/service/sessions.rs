@@ -162,6 +162,9 @@ impl SessionService {
         if session.expires_at <= now_secs() {
             return Err(ServiceError::ExpiredSession);
         }
+        if let Ok(owner) = session.user.parse() {
+            super::caller::record(super::caller::ProvenCaller::Session(owner));
+        }
         Ok(session)
     }
 

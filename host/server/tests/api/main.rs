@@ -9,6 +9,7 @@ mod process;
 mod tcp_proxy;
 
 mod abuse;
+mod access_log;
 mod account;
 mod admin_api;
 mod admin_page;
