@@ -6,7 +6,7 @@
 //! `caller` (`anonymous`, `key` or `session`, from [`crate::service::caller`]), `key`
 //! (the signer or the session's owner), `client` (after `rate_limit.trusted_proxies`).
 //!
-//! Secrets never reach it: no header is logged; a query parameter whose name contains
+//! The probes (`/health`, `/ready`) are not logged. Secrets never reach it: no header is logged; a query parameter whose name contains
 //! `token` keeps its name but not its value, and so does the token in the path of the
 //! signup-token check.
 //!
@@ -55,7 +55,10 @@ impl AccessLog {
     /// filter may drop the target), and leaves the client's address in its extensions
     /// for the rate limits. `None`: nothing to log.
     pub fn start<B>(&self, request: &mut Request<B>, peer: SocketAddr) -> Option<Started> {
-        if !tracing::enabled!(target: TARGET, tracing::Level::INFO) {
+        // The probes are left out: a balancer probing every 100 ms would drown the log.
+        if matches!(request.uri().path(), "/health" | "/ready")
+            || !tracing::enabled!(target: TARGET, tracing::Level::INFO)
+        {
             return None;
         }
         let client = client_ip(&self.trusted_proxies, peer, request.headers());

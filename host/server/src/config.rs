@@ -313,9 +313,13 @@ impl Config {
             figment = figment.merge(Toml::string(&logging_alias(&text, path)?));
         }
         figment = figment.merge(Env::prefixed(ENV_PREFIX).split("__").map(|key| {
-            match key.as_str().strip_prefix("log.") {
-                Some(rest) => format!("{LOGGING_SECTION}.{rest}").into(),
-                None => key.into(),
+            // Keys are still as written here (lower-cased later).
+            let alias = format!("{LOGGING_ALIAS}.");
+            match key.as_str().get(..alias.len()) {
+                Some(head) if head.eq_ignore_ascii_case(&alias) => {
+                    format!("{LOGGING_SECTION}.{}", &key.as_str()[alias.len()..]).into()
+                }
+                _ => key.into(),
             }
         }));
         let unknown = unknown_keys(&figment, file);

@@ -137,6 +137,16 @@ async fn every_request_logs_one_json_line_with_every_field_and_no_secret() {
         .await
         .unwrap();
     assert_eq!(r.status(), 200);
+    // The probes are not logged.
+    for path in ["/health", "/ready"] {
+        let r = host
+            .request(Method::GET, path)
+            .header("x-request-id", "probe-1")
+            .send()
+            .await
+            .unwrap();
+        assert_eq!(r.status(), 200);
+    }
     let r = host
         .admin(Method::GET, "/admin/stats")
         .header("x-request-id", "admin-1")
@@ -214,8 +224,9 @@ async fn every_request_logs_one_json_line_with_every_field_and_no_secret() {
     assert_eq!(ids.len(), unique.len(), "one line per request: {ids:?}");
     assert_eq!(ids.len(), 9, "{ids:?}");
 
-    // No secret anywhere.
+    // No secret anywhere, no probe.
     let text = log.text();
+    assert!(!text.contains("probe-1"), "{text}");
     for secret in [
         token.as_str(),
         session.as_str(),
