@@ -118,12 +118,23 @@ pub enum BlobError {
     Store(#[source] object_store::Error),
     #[error("blob store configuration: {0}")]
     Config(String),
+    /// The sweep could not delete a retired blob (the last of them in its pass).
+    #[error("deleting retired blob {key}: {source}")]
+    Retired {
+        key: String,
+        #[source]
+        source: Box<BlobError>,
+    },
 }
 
 impl BlobError {
     /// Whether the caller may retry later (503) rather than having hit a bug (500).
     pub fn is_unavailable(&self) -> bool {
-        matches!(self, BlobError::Unavailable(_))
+        match self {
+            BlobError::Unavailable(_) => true,
+            BlobError::Retired { source, .. } => source.is_unavailable(),
+            _ => false,
+        }
     }
 }
 
@@ -321,7 +332,9 @@ impl BlobStore {
     /// Deletes the retired blobs whose grace period has passed, then forgets their
     /// records, a page at a time. A crash between the two leaves records whose blobs are
     /// gone: the next pass deletes nothing for them (a missing blob is no error) and
-    /// forgets them. Returns how many records it forgot.
+    /// forgets them. A blob that cannot be deleted keeps its record and does not hold up
+    /// the others: the pass goes on with the rest, then answers the last such error (the
+    /// next pass tries that blob again). Returns how many records it forgot.
     pub async fn sweep_retired(
         &self,
         metadata: &dyn MetadataStore,
@@ -334,19 +347,33 @@ impl BlobStore {
                 .retired_blobs(before, RETIRED_PAGE)
                 .await
                 .map_err(metadata_error)?;
-            if keys.is_empty() {
-                return Ok(forgotten);
-            }
-            for key in &keys {
+            let mut deleted = Vec::with_capacity(keys.len());
+            let mut failed = None;
+            for key in keys {
                 // Keys are never reused, so a retired blob is never referenced again;
                 // checked all the same (an operator's repair could have re-pointed one).
-                let state = metadata.blob_state(key).await.map_err(metadata_error)?;
-                if state != BlobState::Referenced {
-                    self.delete(key).await?;
+                let state = metadata.blob_state(&key).await.map_err(metadata_error)?;
+                if state != BlobState::Referenced
+                    && let Err(e) = self.delete(&key).await
+                {
+                    failed = Some(BlobError::Retired {
+                        key,
+                        source: Box::new(e),
+                    });
+                    continue;
                 }
+                deleted.push(key);
+            }
+            // Oldest first: blobs that failed come back at the head of the next page, so a
+            // page with nothing else in it is the end of this pass.
+            if deleted.is_empty() {
+                return match failed {
+                    None => Ok(forgotten),
+                    Some(failed) => Err(failed),
+                };
             }
             forgotten += metadata
-                .forget_retired_blobs(&keys)
+                .forget_retired_blobs(&deleted)
                 .await
                 .map_err(metadata_error)?;
         }
