@@ -55,7 +55,14 @@ async fn main() -> ExitCode {
             .init();
         return homeserver::maintenance_cli::run(config, command).await;
     }
-    init_logging(config.logging.format, config.logging.access);
+    // Held to the end of main: dropping it writes the access lines still waiting.
+    let _access_log = match init_logging(config.logging.format, config.logging.access) {
+        Ok(guard) => guard,
+        Err(e) => {
+            eprintln!("homeserver: starting the access log's writer: {e}");
+            return ExitCode::FAILURE;
+        }
+    };
     match Homeserver::start(config).await {
         Ok(server) => {
             server.run_until_signal().await;
@@ -74,25 +81,39 @@ async fn main() -> ExitCode {
     }
 }
 
-fn init_logging(format: LogFormat, access: bool) {
+/// The log on stdout: the fmt layer for the server's own lines, and the access log's
+/// layer for the `access` target (same shapes, written in batches by a thread of its
+/// own: `homeserver::access_log::output`).
+fn init_logging(
+    format: LogFormat,
+    access: bool,
+) -> std::io::Result<homeserver::access_log::output::Guard> {
+    use homeserver::access_log::{TARGET, output};
+    use tracing_subscriber::Layer;
+    use tracing_subscriber::filter::filter_fn;
+    use tracing_subscriber::layer::SubscriberExt;
+    use tracing_subscriber::util::SubscriberInitExt;
+
     let directives = std::env::var(EnvFilter::DEFAULT_ENV).unwrap_or_else(|_| "info".into());
     let mut filter = EnvFilter::try_new(&directives).unwrap_or_else(|_| EnvFilter::new("info"));
     // The access log is on or off by `logging.access`, not by the default level: a
     // `RUST_LOG=warn` that quiets the server still logs requests, unless it names the
     // target itself (`access=off`).
-    if access && !directives.contains(homeserver::access_log::TARGET) {
-        filter = filter.add_directive(
-            format!("{}=info", homeserver::access_log::TARGET)
-                .parse()
-                .expect("a valid directive"),
-        );
+    if access && !directives.contains(TARGET) {
+        filter = filter.add_directive(format!("{TARGET}=info").parse().expect("a valid directive"));
     }
     let ansi = std::io::IsTerminal::is_terminal(&std::io::stdout());
-    let builder = tracing_subscriber::fmt()
-        .with_env_filter(filter)
-        .with_ansi(ansi);
-    match format {
-        LogFormat::Json => builder.json().init(),
-        LogFormat::Text => builder.init(),
-    }
+    let not_access = filter_fn(|metadata| metadata.target() != TARGET);
+    let fmt = tracing_subscriber::fmt::layer().with_ansi(ansi);
+    let fmt = match format {
+        LogFormat::Json => fmt.json().with_filter(not_access).boxed(),
+        LogFormat::Text => fmt.with_filter(not_access).boxed(),
+    };
+    let (access, guard) = output::layer(format, std::io::stdout())?;
+    tracing_subscriber::registry()
+        .with(filter)
+        .with(fmt)
+        .with(access)
+        .init();
+    Ok(guard)
 }

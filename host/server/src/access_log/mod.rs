@@ -31,6 +31,8 @@ use crate::rate_limit::client_ip;
 use crate::request_id::REQUEST_ID_HEADER;
 use crate::service::caller::ProvenCaller;
 
+pub mod output;
+
 /// The tracing target of access lines (route or filter them by it, e.g.
 /// `RUST_LOG=info,access=off`).
 pub const TARGET: &str = "access";
