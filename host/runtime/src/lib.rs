@@ -59,7 +59,7 @@ pub use runtime::{
 pub use sandbox::MIN_CALL_DEADLINE;
 pub use stats::{FailureCounts, LATENCY_BUCKETS, LatencyHistogram, SlotStats};
 pub use tools::{
-    CaseResult, CheckReport, EvalSummary, GoldenCase, check_module, check_module_cached,
+    CaseResult, CheckOptions, CheckReport, EvalSummary, GoldenCase, check_module,
     check_module_with, eval_lines, golden_cases, parse_cases,
 };
 pub use types::{

@@ -5,7 +5,7 @@
 use std::io::{BufRead, Write};
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
-use std::time::Instant;
+use std::time::{Duration, Instant};
 
 use serde::Serialize;
 use serde_json::{Value, json};
@@ -123,41 +123,61 @@ impl CheckReport {
     }
 }
 
+/// How [`check_module_with`] runs a module.
+#[derive(Debug, Clone)]
+pub struct CheckOptions {
+    /// The author's own cases (`policy check --cases`, see [`parse_cases`]).
+    pub own: Vec<GoldenCase>,
+    /// A module cache folder to take the compiled module from (and put it into): for
+    /// big guests (a Python one compiles for seconds).
+    pub cache_dir: Option<PathBuf>,
+    /// Each call's deadline: the server's default (100 ms) unless told otherwise, so a
+    /// module that passes here is not cut off when served. The first call of a big guest
+    /// on a slow or busy machine, or under an unoptimized build of the host, may need
+    /// more (`policy check --deadline-ms`).
+    pub call_deadline: Duration,
+}
+
+impl Default for CheckOptions {
+    fn default() -> Self {
+        Self {
+            own: Vec::new(),
+            cache_dir: None,
+            call_deadline: RuntimeConfig::default().call_deadline,
+        }
+    }
+}
+
 /// Validates a module for `slot` and runs the slot's golden cases through it, with the
 /// default data (the compiled-in policies/). `Err` when the module cannot serve the
 /// slot at all: unreadable, not a component, wrong world, or failing its test call.
 /// Golden-case failures are in the report (a custom policy may differ on purpose).
 pub fn check_module(path: &Path, slot: Slot) -> Result<CheckReport, RuntimeError> {
-    check_module_with(path, slot, Vec::new())
+    check_module_with(path, slot, CheckOptions::default())
 }
 
-/// [`check_module`], also running the author's own `cases` (see [`parse_cases`]).
+/// [`check_module`] with [`CheckOptions`]: the author's own cases, a module cache, the
+/// call deadline.
 pub fn check_module_with(
     path: &Path,
     slot: Slot,
-    own: Vec<GoldenCase>,
+    options: CheckOptions,
 ) -> Result<CheckReport, RuntimeError> {
-    check_module_cached(path, slot, own, None)
-}
-
-/// [`check_module_with`], taking the compiled module from (and putting it into) the
-/// module cache in `cache_dir`: for big guests (a Python one compiles for seconds).
-pub fn check_module_cached(
-    path: &Path,
-    slot: Slot,
-    own: Vec<GoldenCase>,
-    cache_dir: Option<&Path>,
-) -> Result<CheckReport, RuntimeError> {
+    let CheckOptions {
+        own,
+        cache_dir,
+        call_deadline,
+    } = options;
     let defaults = RuntimeConfig::default();
     let sandbox = Sandbox::new(SandboxLimits {
-        call_deadline: defaults.call_deadline,
+        call_deadline,
         memory_limit_bytes: defaults.memory_limit_bytes,
         max_instances: 16,
     })?;
     let resolved = Policies::builtin().resolve(slot, Some(path))?;
     let name = path.display().to_string();
     let started = Instant::now();
-    let cache = ModuleCache::new(&sandbox, cache_dir.map(Path::to_owned));
+    let cache = ModuleCache::new(&sandbox, cache_dir);
     let (component, _) = cache
         .get_or_compile(&sandbox, &resolved.bytes, &resolved.module_hash, None)
         .map_err(|e| RuntimeError::Compile {

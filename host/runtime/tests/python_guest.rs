@@ -8,9 +8,11 @@
 
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
+use std::time::Duration;
 
 use homeserver_runtime::{
-    AuthorizeRequest, Caller, Operation, PolicyRuntime, RuntimeConfig, Slot, check_module_cached,
+    AuthorizeRequest, Caller, CheckOptions, Operation, PolicyRuntime, RuntimeConfig, Slot,
+    check_module_with,
 };
 
 fn component() -> Option<PathBuf> {
@@ -37,6 +39,11 @@ fn cache() -> PathBuf {
     Path::new(env!("CARGO_TARGET_TMPDIR")).join("guest-cache")
 }
 
+/// The deadline of each call here: the test is about what the guest answers, and a
+/// first call of this 40 MB component under the unoptimized test build, beside the rest
+/// of the suite, can take longer than the serving default of 100 ms.
+const DEADLINE: Duration = Duration::from_secs(10);
+
 #[test]
 fn a_python_policy_passes_the_golden_cases_and_serves_the_slot() {
     let rt = tokio::runtime::Builder::new_current_thread()
@@ -48,8 +55,12 @@ fn a_python_policy_passes_the_golden_cases_and_serves_the_slot() {
 
 async fn python_policy() {
     let Some(module) = component() else { return };
-    let report =
-        check_module_cached(&module, Slot::CapabilityPolicy, Vec::new(), Some(&cache())).unwrap();
+    let options = CheckOptions {
+        cache_dir: Some(cache()),
+        call_deadline: DEADLINE,
+        ..CheckOptions::default()
+    };
+    let report = check_module_with(&module, Slot::CapabilityPolicy, options).unwrap();
     let failures: Vec<_> = report.failures().collect();
     assert!(failures.is_empty(), "{failures:#?}");
     assert!(report.cases.len() >= 25, "{} cases", report.cases.len());
@@ -68,6 +79,7 @@ async fn python_policy() {
         PolicyRuntime::load(RuntimeConfig {
             policies_dir: dir.path().to_owned(),
             cache_dir: Some(cache()),
+            call_deadline: DEADLINE,
             ..RuntimeConfig::default()
         })
         .unwrap(),

@@ -110,6 +110,11 @@ pub enum PolicyCommand {
         /// the cases.jsonl `policy new` wrote.
         #[arg(long, value_name = "FILE")]
         cases: Option<PathBuf>,
+        /// Each guest call's deadline in ms (the server's default, 100, unless given):
+        /// the first call of a big guest on a busy machine may need more. A module that
+        /// needs more to serve needs `policies.call_deadline_ms` raised as much.
+        #[arg(long, value_name = "MS", default_value_t = 100, value_parser = clap::value_parser!(u64).range(50..=600_000))]
+        deadline_ms: u64,
     },
     /// Start a new guest: write a ready crate for SLOT into DIR (Cargo.toml, the WIT,
     /// a working src/lib.rs, cases.jsonl, a README with the build → check → reload loop).

@@ -3,7 +3,9 @@
 
 use std::process::ExitCode;
 
-use homeserver_runtime::{Slot, check_module_with, eval_lines, install_defaults, parse_cases};
+use homeserver_runtime::{
+    CheckOptions, Slot, check_module_with, eval_lines, install_defaults, parse_cases,
+};
 
 use crate::cli::PolicyCommand;
 use crate::policy_template::Lang;
@@ -28,6 +30,7 @@ fn execute(command: PolicyCommand) -> Result<ExitCode, String> {
             file,
             slot: name,
             cases,
+            deadline_ms,
         } => {
             let own = match &cases {
                 Some(path) => {
@@ -37,7 +40,22 @@ fn execute(command: PolicyCommand) -> Result<ExitCode, String> {
                 }
                 None => Vec::new(),
             };
-            let report = check_module_with(&file, slot(&name)?, own).map_err(|e| e.to_string())?;
+            let options = CheckOptions {
+                own,
+                call_deadline: std::time::Duration::from_millis(deadline_ms),
+                ..CheckOptions::default()
+            };
+            let report = check_module_with(&file, slot(&name)?, options).map_err(|e| {
+                let message = e.to_string();
+                if message.contains("deadline") {
+                    format!(
+                        "{message} (--deadline-ms {deadline_ms} here; a slow first call on a \
+                         busy machine may need more)"
+                    )
+                } else {
+                    message
+                }
+            })?;
             println!(
                 "{}: fits slot {} (WIT {}, blake3 {}, {} bytes, compiled in {:.0} ms)",
                 file.display(),
