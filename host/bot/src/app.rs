@@ -78,8 +78,10 @@ pub struct Bot {
 impl Bot {
     /// Builds everything and starts every task.
     pub async fn start(config: BotConfig) -> Result<Self, StartError> {
-        let (keypair, created) =
-            identity::load_or_create(&config.identity.mnemonic, &config.identity.mnemonic_file)?;
+        let (keypair, created) = identity::load_or_create(
+            config.identity.mnemonic.expose(),
+            &config.identity.mnemonic_file,
+        )?;
         let key = keypair.public_key();
         if created {
             tracing::info!(
@@ -90,7 +92,7 @@ impl Bot {
         }
         let metrics = Arc::new(Metrics::new()?);
         let store = Store::open(
-            &config.storage.database_url,
+            config.storage.database_url.expose(),
             metrics.db_query_duration.clone(),
         )
         .await?;
@@ -125,7 +127,7 @@ impl Bot {
                     RedisBus::connect(config.bus.redis(), metrics.redis_operations.clone())
                         .await
                         .map_err(|source| StartError::Bus {
-                            url: crate::dlq::redacted(&config.bus.redis_url),
+                            url: config.bus.redis_url.redacted(),
                             source,
                         })?,
                 );
@@ -308,7 +310,7 @@ fn providers(config: &BotConfig, metrics: &Arc<Metrics>, status: &Arc<StatusBoar
         let mut members: Vec<Arc<dyn AiModel>> = vec![Arc::new(
             OpenAiCompatible::new(
                 config.ai.base(),
-                &config.ai.api_key,
+                config.ai.api_key.expose(),
                 &config.ai.model,
                 timeout,
             )
@@ -316,7 +318,7 @@ fn providers(config: &BotConfig, metrics: &Arc<Metrics>, status: &Arc<StatusBoar
         )];
         for f in &config.ai.fallbacks {
             members.push(Arc::new(
-                OpenAiCompatible::new(&f.base_url, &f.api_key, &f.model, timeout)
+                OpenAiCompatible::new(&f.base_url, f.api_key.expose(), &f.model, timeout)
                     .sending_schemas(schemas),
             ));
         }
@@ -332,14 +334,14 @@ fn providers(config: &BotConfig, metrics: &Arc<Metrics>, status: &Arc<StatusBoar
     let members: Vec<Arc<dyn SearchApi>> = std::iter::once((
         config.search.provider.as_str(),
         config.search.base_url.as_str(),
-        config.search.api_key.as_str(),
+        config.search.api_key.expose(),
     ))
     .chain(
         config
             .search
             .fallbacks
             .iter()
-            .map(|f| (f.provider.as_str(), f.base_url.as_str(), f.api_key.as_str())),
+            .map(|f| (f.provider.as_str(), f.base_url.as_str(), f.api_key.expose())),
     )
     .filter_map(|(kind, base, key)| WebSearch::new(kind, base, key, timeout))
     .map(|s| Arc::new(s) as Arc<dyn SearchApi>)
@@ -570,7 +572,7 @@ async fn lost(ctx: &BotContext, term: &CancellationToken) -> bool {
 /// Signs the bot up on its homeserver (idempotent), retrying until it works: replies
 /// need the account, but health and the index do not.
 async fn sign_up(ctx: Arc<BotContext>, stop: CancellationToken) {
-    let token = Some(ctx.config.homeserver.signup_token.as_str()).filter(|t| !t.is_empty());
+    let token = Some(ctx.config.homeserver.signup_token.expose()).filter(|t| !t.is_empty());
     let mut wait = Duration::from_secs(1);
     loop {
         match ctx.homeserver.signup_status(token).await {

@@ -9,6 +9,7 @@ use std::path::{Path, PathBuf};
 
 use figment::Figment;
 use figment::providers::{Env, Format, Serialized, Toml};
+use homeserver_protocol::secret::{Secret, SecretUrl};
 use serde::{Deserialize, Serialize};
 
 /// The defaults, embedded at build time.
@@ -48,53 +49,24 @@ pub struct BotConfig {
     pub logging: LoggingConfig,
 }
 
-#[derive(Clone, Serialize, Deserialize)]
+#[derive(Debug, Clone, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct HomeserverConfig {
     /// The homeserver the bot's account lives on.
     pub url: String,
     /// A signup token for a homeserver in token mode; empty = none.
-    pub signup_token: String,
+    pub signup_token: Secret,
 }
 
-impl std::fmt::Debug for HomeserverConfig {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("HomeserverConfig")
-            .field("url", &self.url)
-            .field(
-                "signup_token",
-                &if self.signup_token.is_empty() {
-                    ""
-                } else {
-                    "****"
-                },
-            )
-            .finish()
-    }
-}
-
-#[derive(Clone, Serialize, Deserialize)]
+#[derive(Debug, Clone, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct IdentityConfig {
     /// 12 BIP39 words; empty = `mnemonic_file`.
-    pub mnemonic: String,
+    pub mnemonic: Secret,
     /// Where the mnemonic is read from (and written to on first start).
     pub mnemonic_file: PathBuf,
     /// Names besides the bot's key that count as a mention.
     pub handles: Vec<String>,
-}
-
-impl std::fmt::Debug for IdentityConfig {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("IdentityConfig")
-            .field(
-                "mnemonic",
-                &if self.mnemonic.is_empty() { "" } else { "****" },
-            )
-            .field("mnemonic_file", &self.mnemonic_file)
-            .field("handles", &self.handles)
-            .finish()
-    }
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
@@ -146,12 +118,12 @@ pub enum BusKind {
     Redis,
 }
 
-#[derive(Clone, Serialize, Deserialize)]
+#[derive(Debug, Clone, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct BusConfig {
     pub kind: BusKind,
     /// `redis://[user:password@]host:port[/db]`.
-    pub redis_url: String,
+    pub redis_url: SecretUrl,
     /// Put before every Redis key.
     pub prefix: String,
     pub claim_idle_ms: u64,
@@ -163,27 +135,12 @@ impl BusConfig {
     /// What the Redis bus runs with (reads wait up to 2 s for a message).
     pub fn redis(&self) -> crate::bus::RedisBusConfig {
         crate::bus::RedisBusConfig {
-            url: self.redis_url.clone(),
+            url: self.redis_url.expose().to_owned(),
             prefix: self.prefix.clone(),
             claim_idle: std::time::Duration::from_millis(self.claim_idle_ms),
             max_deliveries: self.max_deliveries,
             block: std::time::Duration::from_secs(2),
         }
-    }
-}
-
-impl std::fmt::Debug for BusConfig {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        // The URL may carry a password.
-        let url = crate::dlq::redacted(&self.redis_url);
-        f.debug_struct("BusConfig")
-            .field("kind", &self.kind)
-            .field("redis_url", &url)
-            .field("prefix", &self.prefix)
-            .field("claim_idle_ms", &self.claim_idle_ms)
-            .field("max_deliveries", &self.max_deliveries)
-            .field("lease_ttl_ms", &self.lease_ttl_ms)
-            .finish()
     }
 }
 
@@ -208,12 +165,12 @@ pub struct FactcheckConfig {
     pub results_per_claim: usize,
 }
 
-#[derive(Clone, Serialize, Deserialize)]
+#[derive(Debug, Clone, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct AiConfig {
     /// Base URL of an OpenAI-compatible API (…/v1); empty with no key = local mode.
     pub base_url: String,
-    pub api_key: String,
+    pub api_key: Secret,
     pub model: String,
     pub timeout_secs: u64,
     /// Tries again after a 429 or a 5xx (or no answer), per provider.
@@ -227,44 +184,13 @@ pub struct AiConfig {
 }
 
 /// A fallback AI provider.
-#[derive(Clone, Serialize, Deserialize)]
+#[derive(Debug, Clone, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct AiFallback {
     pub base_url: String,
     #[serde(default)]
-    pub api_key: String,
+    pub api_key: Secret,
     pub model: String,
-}
-
-impl std::fmt::Debug for AiFallback {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("AiFallback")
-            .field("base_url", &self.base_url)
-            .field(
-                "api_key",
-                &if self.api_key.is_empty() { "" } else { "****" },
-            )
-            .field("model", &self.model)
-            .finish()
-    }
-}
-
-impl std::fmt::Debug for AiConfig {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("AiConfig")
-            .field("base_url", &self.base_url)
-            .field(
-                "api_key",
-                &if self.api_key.is_empty() { "" } else { "****" },
-            )
-            .field("model", &self.model)
-            .field("timeout_secs", &self.timeout_secs)
-            .field("max_retries", &self.max_retries)
-            .field("max_retry_wait_secs", &self.max_retry_wait_secs)
-            .field("fallbacks", &self.fallbacks)
-            .field("json_mode", &self.json_mode)
-            .finish()
-    }
 }
 
 impl AiConfig {
@@ -283,13 +209,13 @@ impl AiConfig {
     }
 }
 
-#[derive(Clone, Serialize, Deserialize)]
+#[derive(Debug, Clone, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct SearchConfig {
     /// "brave", "tavily", "searxng" or "" (none).
     pub provider: String,
     pub base_url: String,
-    pub api_key: String,
+    pub api_key: Secret,
     pub timeout_secs: u64,
     pub max_retries: u32,
     pub max_retry_wait_secs: u64,
@@ -298,44 +224,14 @@ pub struct SearchConfig {
 }
 
 /// A fallback search API.
-#[derive(Clone, Serialize, Deserialize)]
+#[derive(Debug, Clone, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct SearchFallback {
     pub provider: String,
     #[serde(default)]
     pub base_url: String,
     #[serde(default)]
-    pub api_key: String,
-}
-
-impl std::fmt::Debug for SearchFallback {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("SearchFallback")
-            .field("provider", &self.provider)
-            .field("base_url", &self.base_url)
-            .field(
-                "api_key",
-                &if self.api_key.is_empty() { "" } else { "****" },
-            )
-            .finish()
-    }
-}
-
-impl std::fmt::Debug for SearchConfig {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("SearchConfig")
-            .field("provider", &self.provider)
-            .field("base_url", &self.base_url)
-            .field(
-                "api_key",
-                &if self.api_key.is_empty() { "" } else { "****" },
-            )
-            .field("timeout_secs", &self.timeout_secs)
-            .field("max_retries", &self.max_retries)
-            .field("max_retry_wait_secs", &self.max_retry_wait_secs)
-            .field("fallbacks", &self.fallbacks)
-            .finish()
-    }
+    pub api_key: Secret,
 }
 
 #[derive(Debug, Clone, Serialize, Deserialize)]
@@ -375,7 +271,7 @@ pub struct LimitsConfig {
 #[serde(deny_unknown_fields)]
 pub struct StorageConfig {
     /// The bot's records: `sqlite://PATH` (the default) or `postgres://...`.
-    pub database_url: String,
+    pub database_url: SecretUrl,
 }
 
 #[derive(Debug, Clone, Serialize, Deserialize)]
@@ -526,7 +422,7 @@ impl BotConfig {
                     problems.push(format!("{key} must be at least 1000, got {value}"));
                 }
             }
-            if self.storage.database_url.contains(":memory:") {
+            if self.storage.database_url.expose().contains(":memory:") {
                 problems.push(
                     "bus.kind = \"redis\" runs the bot in several processes, which must share \
                      one database: storage.database_url cannot be in memory"
@@ -634,18 +530,39 @@ mod tests {
         });
     }
 
+    /// Every secret setting set; the whole configuration logged (`Debug`, as a log line
+    /// would) and printed (`--print-config`'s TOML): no secret in either.
     #[test]
     fn secrets_do_not_print() {
         let mut c = BotConfig::defaults();
-        c.identity.mnemonic = "abandon ".repeat(11) + "about";
+        c.identity.mnemonic = ("abandon ".repeat(11) + "about").into();
         c.ai.api_key = "sk-secret".into();
+        c.ai.fallbacks = vec![AiFallback {
+            base_url: "http://127.0.0.1:1/v1".into(),
+            api_key: "sk-fallback-secret".into(),
+            model: "m".into(),
+        }];
+        c.search.api_key = "brave-secret".into();
+        c.search.fallbacks = vec![SearchFallback {
+            provider: "tavily".into(),
+            base_url: String::new(),
+            api_key: "tavily-secret".into(),
+        }];
         c.homeserver.signup_token = "tok-secret".into();
-        let shown = format!("{c:?}");
-        assert!(
-            !shown.contains("abandon")
-                && !shown.contains("sk-secret")
-                && !shown.contains("tok-secret"),
-            "{shown}"
-        );
+        c.bus.redis_url = "redis://bot:redis-secret@127.0.0.1:6379/0".into();
+        c.storage.database_url = "postgres://bot:pg-secret@127.0.0.1/bot".into();
+        let logged = format!("{c:?} {c:#?}");
+        let printed = toml::to_string_pretty(&c).unwrap();
+        for shown in [&logged, &printed] {
+            assert!(
+                !shown.contains("abandon") && !shown.contains("secret"),
+                "{shown}"
+            );
+            assert!(
+                shown.contains("redis://bot:****@127.0.0.1:6379/0"),
+                "{shown}"
+            );
+        }
+        assert_eq!(c.ai.fallbacks[0].api_key.expose(), "sk-fallback-secret");
     }
 }

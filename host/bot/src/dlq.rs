@@ -29,37 +29,6 @@ pub enum DlqError {
     Usage(String),
 }
 
-/// A Redis URL with its password hidden (in the user part, or a `pass`/`password`
-/// query parameter as `redis+unix://` URLs carry it).
-pub fn redacted(url: &str) -> String {
-    match url::Url::parse(url) {
-        Ok(mut u) => {
-            if u.password().is_some() {
-                let _ = u.set_password(Some("****"));
-            }
-            if u.query().is_some() {
-                let pairs: Vec<(String, String)> = u
-                    .query_pairs()
-                    .map(|(k, v)| {
-                        let hidden = matches!(k.as_ref(), "pass" | "password");
-                        (
-                            k.into_owned(),
-                            if hidden {
-                                "****".into()
-                            } else {
-                                v.into_owned()
-                            },
-                        )
-                    })
-                    .collect();
-                u.query_pairs_mut().clear().extend_pairs(pairs);
-            }
-            u.to_string()
-        }
-        Err(_) => "<not a URL>".into(),
-    }
-}
-
 /// The bot's dead letters, wherever its bus keeps them.
 pub struct DeadLetters {
     store: Store,
@@ -70,7 +39,7 @@ impl DeadLetters {
     pub async fn open(config: &BotConfig) -> Result<Self, DlqError> {
         let metrics = crate::metrics::Metrics::new()?;
         let store = Store::open(
-            &config.storage.database_url,
+            config.storage.database_url.expose(),
             metrics.db_query_duration.clone(),
         )
         .await?;
@@ -80,7 +49,7 @@ impl DeadLetters {
                 RedisBus::connect(config.bus.redis(), metrics.redis_operations.clone())
                     .await
                     .map_err(|source| DlqError::Bus {
-                        url: redacted(&config.bus.redis_url),
+                        url: config.bus.redis_url.redacted(),
                         source,
                     })?,
             ),
@@ -163,24 +132,5 @@ impl DeadLetters {
 
     pub async fn close(&self) {
         self.store.close().await;
-    }
-}
-
-#[cfg(test)]
-mod tests {
-    #[test]
-    fn passwords_do_not_show() {
-        for url in [
-            "redis://user:s3cret@host:6379/0",
-            "redis+unix:///run/redis.sock?db=1&pass=s3cret",
-            "rediss://:s3cret@host/?password=s3cret",
-        ] {
-            let shown = super::redacted(url);
-            assert!(!shown.contains("s3cret"), "{shown}");
-        }
-        assert_eq!(
-            super::redacted("redis://127.0.0.1:6379"),
-            "redis://127.0.0.1:6379"
-        );
     }
 }

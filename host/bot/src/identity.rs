@@ -71,7 +71,7 @@ pub fn load_or_create(mnemonic: &str, file: &Path) -> Result<(Keypair, bool), Id
 mod tests {
     use super::*;
 
-    /// The vector FACTS.md pins (and Pubky's apps agree on).
+    /// The all-`abandon` BIP39 vector, whose key Pubky's apps agree on.
     #[test]
     fn the_abandon_vector() {
         let words = format!("{}about", "abandon ".repeat(11));

@@ -17,33 +17,8 @@ async fn main() -> ExitCode {
         }
     };
     if cli.print_config {
-        let mut shown = config.clone();
-        for secret in [
-            &mut shown.identity.mnemonic,
-            &mut shown.ai.api_key,
-            &mut shown.search.api_key,
-            &mut shown.homeserver.signup_token,
-        ] {
-            if !secret.is_empty() {
-                *secret = "<set, not shown>".into();
-            }
-        }
-        for secret in shown
-            .ai
-            .fallbacks
-            .iter_mut()
-            .map(|f| &mut f.api_key)
-            .chain(shown.search.fallbacks.iter_mut().map(|f| &mut f.api_key))
-        {
-            if !secret.is_empty() {
-                *secret = "<set, not shown>".into();
-            }
-        }
-        shown.bus.redis_url = pkbot::dlq::redacted(&shown.bus.redis_url);
-        if url::Url::parse(&shown.storage.database_url).is_ok_and(|u| u.password().is_some()) {
-            shown.storage.database_url = pkbot::dlq::redacted(&shown.storage.database_url);
-        }
-        return match toml::to_string_pretty(&shown) {
+        // Every secret setting serializes as `****` (URLs with their passwords hidden).
+        return match toml::to_string_pretty(&config) {
             Ok(text) => {
                 print!("{text}");
                 ExitCode::SUCCESS
@@ -56,7 +31,7 @@ async fn main() -> ExitCode {
     }
     if cli.pubkey {
         return match identity::load_or_create(
-            &config.identity.mnemonic,
+            config.identity.mnemonic.expose(),
             &config.identity.mnemonic_file,
         ) {
             Ok((key, _)) => {

@@ -24,6 +24,7 @@ use std::time::Duration;
 
 use bytes::Bytes;
 use futures_util::StreamExt;
+use homeserver_protocol::retry_after::parse_retry_after;
 use homeserver_protocol::wire::{
     DeleteResult, ListEntry, ListResult, PutResult, SessionCreated, SessionRequest, SignupResult,
 };
@@ -743,15 +744,7 @@ pub(crate) fn retry_wait(
     let asked = headers
         .get(RETRY_AFTER)
         .and_then(|v| v.to_str().ok())
-        .and_then(|v| {
-            let v = v.trim();
-            v.parse::<u64>().map(Duration::from_secs).ok().or_else(|| {
-                httpdate::parse_http_date(v).ok().map(|at| {
-                    at.duration_since(std::time::SystemTime::now())
-                        .unwrap_or(Duration::ZERO)
-                })
-            })
-        });
+        .and_then(|v| parse_retry_after(v, std::time::SystemTime::now()));
     let wait = asked.unwrap_or(policy.default_wait);
     (wait <= policy.max_wait).then_some(wait)
 }

@@ -6,6 +6,8 @@
 //! - [`path`]: which storage paths are valid, and entry vs listing.
 //! - [`capability`]: `<read|write|*>:<path prefix>` strings and their matching rule.
 //! - [`error`]: the error codes, their HTTP statuses and the JSON error body.
+//! - [`retry_after`]: the `Retry-After` header, both forms.
+//! - [`secret`]: settings that never show (passwords, keys, URLs with passwords).
 //! - [`wire`]: JSON bodies of the storage API (put/delete/list results, sessions, events).
 
 pub mod capability;
@@ -14,6 +16,8 @@ pub mod event;
 pub mod keys;
 pub mod path;
 pub mod query;
+pub mod retry_after;
+pub mod secret;
 pub mod signed_request;
 pub mod wire;
 

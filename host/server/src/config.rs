@@ -103,8 +103,8 @@ pub struct PkarrConfig {
 pub struct AdminConfig {
     /// Address of the admin listener.
     pub listen: SocketAddr,
-    /// Bearer password; empty turns the admin server off.
-    pub password: String,
+    /// Bearer password; empty turns the admin server off. Shown as `****`.
+    pub password: Secret,
     /// Host names accepted in `Host` besides IP literals and `localhost`.
     pub allowed_hosts: Vec<String>,
 }
@@ -660,10 +660,41 @@ mod tests {
         assert_eq!(c.storage.max_value_bytes, 10 * 1024 * 1024);
         assert_eq!(c.signup.mode, SignupMode::Open);
         // Chosen for a public server and a first try (docs/OPERATIONS.md "Rate limits"
-        // says why); DESIGN.md's sample shows lower figures.
+        // says why); the design's sample configuration shows lower figures.
         assert_eq!(c.rate_limit.anonymous_per_minute, 600);
         assert_eq!(c.rate_limit.authenticated_per_minute, 1200);
         assert_eq!(c.rate_limit.signup_token_check_per_minute, 10);
+    }
+
+    /// Every secret setting set, the whole configuration logged (`Debug`) and printed
+    /// (`--print-config`'s TOML): no secret in either.
+    #[test]
+    fn no_secret_shows_when_the_config_is_logged_or_printed() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("c.toml");
+        std::fs::write(
+            &path,
+            r#"
+            [admin]
+            password = "s3cret-admin"
+            [storage]
+            database_url = "postgres://hs:s3cret-db@127.0.0.1/hs?sslpassword=s3cret-ssl"
+            blobs = "s3://bucket/prefix"
+            [s3]
+            access_key_id = "AKIAEXAMPLE"
+            secret_access_key = "s3cret-s3"
+            "#,
+        )
+        .unwrap();
+        let c = Config::load_file_only(&path).unwrap();
+        assert_eq!(c.admin.password.expose(), "s3cret-admin");
+        let logged = format!("{c:?} {c:#?}");
+        let printed = toml::to_string_pretty(&c).unwrap();
+        for shown in [&logged, &printed] {
+            assert!(!shown.contains("s3cret"), "{shown}");
+            assert!(shown.contains("****"), "{shown}");
+        }
+        assert!(printed.contains("AKIAEXAMPLE"), "not a secret: {printed}");
     }
 
     /// `[log]` is another name for `[logging]`, in a file and in the environment.
@@ -869,7 +900,7 @@ mod tests {
 
     #[test]
     fn design_sample_config_parses() {
-        // The subset of DESIGN.md's sample that this build implements.
+        // The subset of the design's sample configuration that this build implements.
         let sample = r#"
             [http]
             listen = "127.0.0.1:6286"

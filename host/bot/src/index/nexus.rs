@@ -14,6 +14,7 @@
 use std::time::Duration;
 
 use async_trait::async_trait;
+use homeserver_protocol::retry_after::parse_retry_after;
 use reqwest::StatusCode;
 use serde::Deserialize;
 
@@ -96,11 +97,11 @@ impl NexusIndex {
             StatusCode::TOO_MANY_REQUESTS => {
                 let wait = response
                     .headers()
-                    .get("retry-after")
+                    .get(reqwest::header::RETRY_AFTER)
                     .and_then(|v| v.to_str().ok())
-                    .and_then(|v| v.trim().parse().ok())
-                    .unwrap_or(30);
-                Err(IndexError::RateLimited(Duration::from_secs(wait)))
+                    .and_then(|v| parse_retry_after(v, std::time::SystemTime::now()))
+                    .unwrap_or(Duration::from_secs(30));
+                Err(IndexError::RateLimited(wait))
             }
             status if status.is_success() => response
                 .bytes()

@@ -68,6 +68,14 @@ impl ProviderError {
     }
 }
 
+/// The whole seconds a 429's `Retry-After` asks for (either form; a date rounded up).
+fn retry_after_secs(headers: &reqwest::header::HeaderMap) -> Option<u64> {
+    let value = headers.get(reqwest::header::RETRY_AFTER)?.to_str().ok()?;
+    let wait =
+        homeserver_protocol::retry_after::parse_retry_after(value, std::time::SystemTime::now())?;
+    Some(wait.as_secs() + u64::from(wait.subsec_nanos() > 0))
+}
+
 /// A chat model.
 #[async_trait]
 pub trait AiModel: Send + Sync {

@@ -126,12 +126,7 @@ impl AiModel for OpenAiCompatible {
             .map_err(|e| self.failed(e.to_string()))?;
         match response.status() {
             StatusCode::TOO_MANY_REQUESTS => {
-                let retry_after_secs = response
-                    .headers()
-                    .get("retry-after")
-                    .and_then(|v| v.to_str().ok())
-                    .and_then(|v| v.trim().parse().ok())
-                    .unwrap_or(10);
+                let retry_after_secs = super::retry_after_secs(response.headers()).unwrap_or(10);
                 return Err(ProviderError::RateLimited {
                     provider: self.name.clone(),
                     retry_after_secs,

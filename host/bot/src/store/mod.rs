@@ -86,7 +86,9 @@ impl Dialect {
         match scheme {
             "sqlite" => Ok(Self::Sqlite),
             "postgres" | "postgresql" => Ok(Self::Postgres),
-            _ => Err(StoreError::Url(crate::dlq::redacted(url))),
+            _ => Err(StoreError::Url(homeserver_protocol::secret::redact_url(
+                url,
+            ))),
         }
     }
 

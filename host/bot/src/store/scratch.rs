@@ -27,7 +27,7 @@ impl ScratchPostgres {
             Err(e) => {
                 let why = format!(
                     "no PostgreSQL at {} ({e}; set PKBOT_TEST_POSTGRES_URL)",
-                    crate::dlq::redacted(&admin)
+                    homeserver_protocol::secret::redact_url(&admin)
                 );
                 assert!(
                     std::env::var("CI").as_deref() != Ok("true"),

@@ -9,11 +9,8 @@ use std::path::PathBuf;
 
 use serde::{Deserialize, Deserializer, Serialize, Serializer};
 
-/// Shown in place of a secret.
-const REDACTED: &str = "****";
-
-/// Query parameters of a PostgreSQL URL that carry secrets.
-const SECRET_PARAMETERS: &[&str] = &["password", "sslpassword", "sslkey"];
+pub use homeserver_protocol::secret::Secret;
+use homeserver_protocol::secret::redact_url;
 
 /// The metadata database (`[storage] database_url`).
 #[derive(Clone, PartialEq, Eq)]
@@ -80,35 +77,6 @@ impl DatabaseUrl {
             Self::Postgres(s) => redact_url(s),
         }
     }
-}
-
-/// Replaces the password in the authority and secret query parameters.
-fn redact_url(text: &str) -> String {
-    let Ok(mut url) = url::Url::parse(text) else {
-        // Unreachable for a parsed DatabaseUrl; never risk showing the original.
-        return REDACTED.into();
-    };
-    if url.password().is_some() {
-        let _ = url.set_password(Some(REDACTED));
-    }
-    let has_secret = url
-        .query_pairs()
-        .any(|(k, _)| SECRET_PARAMETERS.contains(&k.as_ref()));
-    if has_secret {
-        let pairs: Vec<(String, String)> = url
-            .query_pairs()
-            .map(|(k, v)| {
-                let v = if SECRET_PARAMETERS.contains(&k.as_ref()) {
-                    REDACTED.to_owned()
-                } else {
-                    v.into_owned()
-                };
-                (k.into_owned(), v)
-            })
-            .collect();
-        url.query_pairs_mut().clear().extend_pairs(pairs);
-    }
-    url.to_string()
 }
 
 impl fmt::Display for DatabaseUrl {
@@ -229,50 +197,6 @@ impl<'de> Deserialize<'de> for BlobsUrl {
 }
 
 impl Serialize for BlobsUrl {
-    fn serialize<S: Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
-        s.collect_str(self)
-    }
-}
-
-/// A secret setting (a password, a secret key): shown as `****` when set, in `Debug`,
-/// `Display` and the serialized configuration.
-#[derive(Clone, Default, PartialEq, Eq)]
-pub struct Secret(String);
-
-impl Secret {
-    pub fn new(text: impl Into<String>) -> Self {
-        Self(text.into())
-    }
-
-    pub fn is_empty(&self) -> bool {
-        self.0.is_empty()
-    }
-
-    /// The secret itself, for the client that uses it. Never log it.
-    pub fn expose(&self) -> &str {
-        &self.0
-    }
-}
-
-impl fmt::Debug for Secret {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.write_str(if self.0.is_empty() { "\"\"" } else { REDACTED })
-    }
-}
-
-impl fmt::Display for Secret {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.write_str(if self.0.is_empty() { "" } else { REDACTED })
-    }
-}
-
-impl<'de> Deserialize<'de> for Secret {
-    fn deserialize<D: Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
-        String::deserialize(d).map(Self)
-    }
-}
-
-impl Serialize for Secret {
     fn serialize<S: Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
         s.collect_str(self)
     }

@@ -140,7 +140,7 @@ async fn policies_say_which_process_calls_each_slot() {
 
 #[tokio::test]
 async fn admin_off_without_password() {
-    let host = TestHost::start_with(|c| c.admin.password = String::new()).await;
+    let host = TestHost::start_with(|c| c.admin.password = Default::default()).await;
     assert!(host.server().admin_addr().is_none());
 }
 
