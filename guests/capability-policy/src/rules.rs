@@ -8,8 +8,8 @@
 //!    writes (the host does not even ask).
 //! 5. A session needs a capability `<read|write|*>:<prefix>` whose action allows the
 //!    operation and whose prefix covers the path: a prefix ending in `/` covers every
-//!    path under it, any other prefix exactly that path (DESIGN.md, "Sessions and
-//!    capabilities"). Anything else is denied.
+//!    path under it, any other prefix exactly that path (docs/API.md, "Sessions").
+//!    Anything else is denied.
 
 /// What the request does.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]

@@ -65,7 +65,7 @@ pub struct HttpConfig {
     pub tls_key_file: Option<PathBuf>,
     /// Origins whose web pages may call this API from a browser (CORS; both client
     /// listeners, never the admin API): `["*"]` any, a list of `scheme://host[:port]`,
-    /// or `[]` none. See [`crate::cors`].
+    /// or `[]` none. See [`crate::http::cors`].
     pub cors_allowed_origins: Vec<String>,
 }
 
@@ -76,6 +76,32 @@ pub struct TlsConfig {
     /// empty turns it off.
     #[serde(with = "optional_addr")]
     pub listen: Option<SocketAddr>,
+}
+
+/// The domain and port of `pkarr.public_url` (None when empty): an `https://` URL
+/// whose host is a domain name (an HTTPS record's target is a name).
+pub fn public_endpoint(url: &str) -> Result<Option<(String, u16)>, String> {
+    if url.trim().is_empty() {
+        return Ok(None);
+    }
+    let parsed = url::Url::parse(url.trim()).map_err(|e| format!("`{url}` is not a URL: {e}"))?;
+    if parsed.scheme() != "https" {
+        return Err(format!("`{url}` must be an https:// URL"));
+    }
+    if parsed.path() != "/" || parsed.query().is_some() {
+        return Err(format!(
+            "`{url}`: only scheme, host and port (the API is at the root)"
+        ));
+    }
+    match parsed.host() {
+        Some(url::Host::Domain(domain)) => Ok(Some((
+            domain.trim_end_matches('.').to_owned(),
+            parsed.port_or_known_default().unwrap_or(443),
+        ))),
+        _ => Err(format!(
+            "`{url}`: the host must be a domain name, not an address"
+        )),
+    }
 }
 
 /// Publishing on the mainline DHT (pkarr).
@@ -512,10 +538,10 @@ impl Config {
                 self.pkarr.host
             ));
         }
-        if let Err(e) = crate::cors::Cors::from_config(&self.http.cors_allowed_origins) {
+        if let Err(e) = crate::http::cors::Cors::from_config(&self.http.cors_allowed_origins) {
             problems.push(format!("{}: {e}", name("http.cors_allowed_origins")));
         }
-        if let Err(e) = crate::pkarr_publish::public_endpoint(&self.pkarr.public_url) {
+        if let Err(e) = public_endpoint(&self.pkarr.public_url) {
             problems.push(format!("{}: {e}", name("pkarr.public_url")));
         }
         if problems.is_empty() {
@@ -664,6 +690,27 @@ mod tests {
         assert_eq!(c.rate_limit.anonymous_per_minute, 600);
         assert_eq!(c.rate_limit.authenticated_per_minute, 1200);
         assert_eq!(c.rate_limit.signup_token_check_per_minute, 10);
+    }
+
+    #[test]
+    fn public_urls() {
+        assert_eq!(public_endpoint("").unwrap(), None);
+        assert_eq!(
+            public_endpoint("https://hs.example.org").unwrap(),
+            Some(("hs.example.org".to_owned(), 443))
+        );
+        assert_eq!(
+            public_endpoint("https://hs.example.org:8443/").unwrap(),
+            Some(("hs.example.org".to_owned(), 8443))
+        );
+        for bad in [
+            "http://hs.example.org",
+            "https://203.0.113.7",
+            "https://x.org/api",
+            "nope",
+        ] {
+            assert!(public_endpoint(bad).is_err(), "{bad}");
+        }
     }
 
     /// Every secret setting set, the whole configuration logged (`Debug`) and printed

@@ -1,39 +1,30 @@
 //! The homeserver: a per-user data store over HTTP.
 //!
-//! Layers, top to bottom: the HTTP servers ([`client_server`], [`admin_server`],
+//! Layers, top to bottom: the listeners' routes ([`client_server`], [`admin_server`],
 //! [`metrics_server`]) → [`service`] (the rules) → [`persistence`] (sqlx metadata,
-//! object_store blobs). [`app`] builds the context and runs the listeners ([`serve`],
-//! with [`tls`] for the raw-public-key and X.509 listeners);
-//! [`config`] loads settings and [`local_paths`] says where its files are; [`rate_limit`]
-//! and [`metrics`] wrap client requests, [`cors`] answers browsers on other origins (in
-//! [`request_id`]'s layer), [`access_log`] writes a line per request, and
-//! [`stream_slots`] caps each address's open event streams;
-//! [`pkarr_publish`] keeps the server's and its users' records on the mainline DHT;
-//! [`policy_cli`] and [`maintenance_cli`] are the command-line tools (guests; fsck,
-//! export, import, migrate); `main.rs` only parses the command line.
+//! object_store blobs). [`http`] is the machinery the listeners share (serving
+//! connections, TLS, request ids, CORS, rate limits, the access log, extractors, the one
+//! error mapping). [`context`] builds the [`AppContext`] the routes are handed;
+//! [`app`], the orchestrator, builds it, binds the listeners, runs the upkeep and owns
+//! shutdown. [`config`] loads settings and [`local_paths`] says where its files are;
+//! [`metrics`] are the server's Prometheus metrics; [`server_key`] its key; [`cli`] the
+//! command line and its tools (guests; fsck, export, import, migrate), `main.rs` only
+//! parses and dispatches. docs/ARCHITECTURE.md draws the whole.
 
-pub mod access_log;
 pub mod admin_server;
 pub mod app;
 pub mod cli;
 pub mod client_server;
 pub mod config;
-pub mod cors;
+pub mod context;
+pub mod http;
 pub mod local_paths;
-pub mod maintenance_cli;
 pub mod metrics;
 pub mod metrics_server;
 pub mod persistence;
-pub mod pkarr_publish;
-pub mod policy_cli;
-pub mod policy_template;
-pub mod rate_limit;
-pub mod request_id;
-pub mod serve;
 pub mod server_key;
 pub mod service;
-pub mod stream_slots;
-pub mod tls;
 
-pub use app::{AppContext, Homeserver, StartError};
+pub use app::Homeserver;
 pub use config::Config;
+pub use context::{AppContext, StartError};

@@ -18,7 +18,7 @@ async fn main() -> ExitCode {
                 EnvFilter::try_from_default_env().unwrap_or_else(|_| EnvFilter::new("warn")),
             )
             .init();
-        return homeserver::policy_cli::run(command);
+        return homeserver::cli::policy::run(command);
     }
     let config = match Config::load(cli.config.as_deref()) {
         Ok(c) => c,
@@ -49,7 +49,7 @@ async fn main() -> ExitCode {
                 EnvFilter::try_from_default_env().unwrap_or_else(|_| EnvFilter::new("warn")),
             )
             .init();
-        return homeserver::maintenance_cli::run(config, command).await;
+        return homeserver::cli::maintenance::run(config, command).await;
     }
     // Held to the end of main: dropping it writes the access lines still waiting.
     let _access_log = match init_logging(config.logging.format, config.logging.access) {
@@ -79,12 +79,12 @@ async fn main() -> ExitCode {
 
 /// The log on stdout: the fmt layer for the server's own lines, and the access log's
 /// layer for the `access` target (same shapes, written in batches by a thread of its
-/// own: `homeserver::access_log::output`).
+/// own: `homeserver::http::access_log::output`).
 fn init_logging(
     format: LogFormat,
     access: bool,
-) -> std::io::Result<homeserver::access_log::output::Guard> {
-    use homeserver::access_log::{TARGET, output};
+) -> std::io::Result<homeserver::http::access_log::output::Guard> {
+    use homeserver::http::access_log::{TARGET, output};
     use tracing_subscriber::Layer;
     use tracing_subscriber::filter::filter_fn;
     use tracing_subscriber::layer::SubscriberExt;

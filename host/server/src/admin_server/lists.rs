@@ -10,9 +10,9 @@ use axum::response::{IntoResponse, Response};
 use homeserver_protocol::ErrorCode;
 use homeserver_protocol::keys::is_z32_prefix;
 
-use crate::app::AppContext;
-use crate::client_server::error::ApiError;
-use crate::client_server::extract::url_query_pairs;
+use crate::context::AppContext;
+use crate::http::error::ApiError;
+use crate::http::extract::url_query_pairs;
 use crate::service::admin::MAX_ADMIN_PAGE;
 
 const DEFAULT_PAGE: u32 = 100;

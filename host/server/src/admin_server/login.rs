@@ -24,9 +24,9 @@ use serde::Deserialize;
 use sha2::{Digest, Sha256};
 
 use super::password_matches;
-use crate::app::AppContext;
-use crate::client_server::error::ApiError;
-use crate::client_server::small_body::read_small_body;
+use crate::context::AppContext;
+use crate::http::error::ApiError;
+use crate::http::small_body::read_small_body;
 
 /// Name of the session cookie.
 pub const COOKIE: &str = "hs_admin";

@@ -21,10 +21,10 @@ use serde::{Deserialize, Serialize};
 use sha2::{Digest, Sha256};
 use subtle::ConstantTimeEq;
 
-use crate::app::AppContext;
-use crate::client_server::error::ApiError;
-use crate::client_server::extract::PathParam;
-use crate::client_server::small_body::read_small_body;
+use crate::context::AppContext;
+use crate::http::error::ApiError;
+use crate::http::extract::PathParam;
+use crate::http::small_body::read_small_body;
 use crate::service::admin::BackendHealth;
 pub use login::{COOKIE, CSRF_HEADER};
 pub use page::OPENAPI;
@@ -75,7 +75,7 @@ pub fn router(app: AdminState) -> Router {
             (app, logins),
             require_admin,
         ));
-    crate::request_id::with_request_ids(router)
+    crate::http::request_id::with_request_ids(router)
 }
 
 /// What anyone who reaches the admin listener may fetch: the page (it signs in by

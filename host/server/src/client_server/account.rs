@@ -6,8 +6,8 @@ use axum::extract::{Request, State};
 use axum::response::{IntoResponse, Response};
 
 use super::AppState;
-use super::error::ApiError;
-use super::extract::request_info;
+use crate::http::error::ApiError;
+use crate::http::extract::request_info;
 
 pub async fn show(State(app): State<AppState>, request: Request) -> Response {
     let result = async move {

@@ -17,9 +17,9 @@ use homeserver_protocol::event::EventPage;
 use homeserver_protocol::query::{FeedQuery, StreamQuery};
 
 use super::AppState;
-use super::error::ApiError;
-use super::middleware::ClientIp;
-use crate::request_id::REQUEST_ID_HEADER;
+use crate::http::error::ApiError;
+use crate::http::extract::ClientIp;
+use crate::http::request_id::REQUEST_ID_HEADER;
 use crate::service::events::{Subscription, to_wire};
 
 /// Idle streams get a comment line this often, so proxies keep them open.

@@ -11,8 +11,8 @@ use axum::response::{IntoResponse, Response};
 use homeserver_protocol::{ErrorBody, ErrorCode};
 use serde_json::json;
 
-use super::error::ApiError;
-use crate::app::AppContext;
+use crate::context::AppContext;
+use crate::http::error::ApiError;
 
 /// `GET /health`: 200 while the process serves requests.
 pub async fn live() -> Response {

@@ -12,15 +12,11 @@ use axum::response::{IntoResponse, Response};
 use homeserver_protocol::{BodyHash, ErrorCode};
 
 use super::AppState;
-use super::error::ApiError;
-use super::extract::{credentials, declared_body, target_of};
-use crate::rate_limit::{Caller, Decision};
+use crate::http::error::ApiError;
+use crate::http::extract::ClientIp;
+use crate::http::extract::{credentials, declared_body, target_of};
+use crate::http::rate_limit::{Caller, Decision};
 use crate::service::auth::{Credentials, check_fresh};
-
-/// The client's address as the rate limits see it (a trusted proxy's
-/// `X-Forwarded-For`, else the peer), for handlers with per-address limits of their own.
-#[derive(Debug, Clone, Copy)]
-pub struct ClientIp(pub IpAddr);
 
 /// The path of the signup-token check, which has its own limit.
 const SIGNUP_TOKENS_PREFIX: &str = "/signup_tokens/";

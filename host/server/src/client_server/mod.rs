@@ -2,17 +2,13 @@
 //! services; [`error`] maps every service error to a status and JSON body.
 
 pub mod account;
-pub mod error;
 pub mod events;
-pub mod extract;
 pub mod health;
 pub mod middleware;
 pub mod pkarr;
 pub mod session;
 pub mod signup;
-pub mod small_body;
 pub mod storage;
-pub mod unread_body;
 
 use std::sync::Arc;
 
@@ -21,9 +17,9 @@ use axum::response::{IntoResponse, Response};
 use axum::routing::{get, post};
 use homeserver_protocol::ErrorCode;
 
-use crate::app::AppContext;
-use crate::cors::Cors;
-use error::ApiError;
+use crate::context::AppContext;
+use crate::http::cors::Cors;
+use crate::http::error::ApiError;
 
 pub type AppState = Arc<AppContext>;
 
@@ -56,7 +52,9 @@ pub fn router(app: AppState) -> Router {
             app.clone(),
             middleware::observe_and_limit,
         ))
-        .layer(axum::middleware::from_fn(unread_body::close_if_body_unread))
+        .layer(axum::middleware::from_fn(
+            crate::http::unread_body::close_if_body_unread,
+        ))
         .with_state(app.clone());
     // The probes, outside the rate limit and the request metrics: a balancer probing
     // every 100 ms must neither be refused nor drown the latency histograms.
@@ -65,7 +63,7 @@ pub fn router(app: AppState) -> Router {
         .route("/ready", get(health::ready))
         .method_not_allowed_fallback(method_not_allowed)
         .with_state(app);
-    crate::request_id::with_request_ids_and_cors(router.merge(probes), cors)
+    crate::http::request_id::with_request_ids_and_cors(router.merge(probes), cors)
 }
 
 /// The client API's OpenAPI 3.1 document (checked against the routes by

@@ -9,9 +9,9 @@ use homeserver_protocol::ErrorCode;
 use serde_json::json;
 
 use super::AppState;
-use super::error::ApiError;
-use super::extract::request_info;
-use super::small_body::read_small_body;
+use crate::http::error::ApiError;
+use crate::http::extract::request_info;
+use crate::http::small_body::read_small_body;
 use crate::service::auth::Credentials;
 
 pub async fn put(State(app): State<AppState>, request: Request) -> Response {

@@ -8,9 +8,9 @@ use axum::response::{IntoResponse, Response};
 use homeserver_protocol::ErrorCode;
 
 use super::AppState;
-use super::error::ApiError;
-use super::extract::request_info;
-use super::small_body::read_small_body;
+use crate::http::error::ApiError;
+use crate::http::extract::request_info;
+use crate::http::small_body::read_small_body;
 use crate::service::auth::Credentials;
 use crate::service::sessions::SessionInfo;
 
@@ -42,7 +42,7 @@ async fn create_session(app: AppState, request: Request) -> Result<Response, Api
 }
 
 fn bearer(request: &Request) -> Result<String, ApiError> {
-    match super::extract::credentials(request.headers())? {
+    match crate::http::extract::credentials(request.headers())? {
         Credentials::Session(token) => Ok(token),
         _ => Err(ApiError::new(
             ErrorCode::InvalidSignature,

@@ -7,9 +7,9 @@ use axum::response::{IntoResponse, Response};
 use homeserver_protocol::{BodyHash, ErrorCode};
 
 use super::AppState;
-use super::error::ApiError;
-use super::extract::{request_info, url_query_pairs};
-use super::small_body::read_small_body;
+use crate::http::error::ApiError;
+use crate::http::extract::{request_info, url_query_pairs};
+use crate::http::small_body::read_small_body;
 use crate::service::auth::Credentials;
 
 pub async fn handle(State(app): State<AppState>, request: Request) -> Response {
@@ -54,7 +54,7 @@ async fn sign_up(app: AppState, request: Request) -> Result<Response, ApiError> 
 /// `GET /signup_tokens/{token}`: whether a token is valid or used.
 pub async fn token_status(
     State(app): State<AppState>,
-    super::extract::PathParam(token): super::extract::PathParam,
+    crate::http::extract::PathParam(token): crate::http::extract::PathParam,
 ) -> Response {
     match app.signup.token_status(&token).await {
         Ok(status) => Json(status).into_response(),

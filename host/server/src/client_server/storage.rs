@@ -14,8 +14,8 @@ use homeserver_protocol::wire::ListResult;
 use homeserver_protocol::{ErrorCode, StoragePath};
 
 use super::AppState;
-use super::error::ApiError;
-use super::extract::request_info;
+use crate::http::error::ApiError;
+use crate::http::extract::request_info;
 use crate::service::access::WriteMethod;
 use crate::service::auth::ReadAccess;
 use crate::service::storage::{BodyError, Entry, ListOptions};

@@ -12,9 +12,9 @@ use axum::response::{IntoResponse, Response};
 use axum::routing::get;
 use homeserver_protocol::ErrorCode;
 
-use crate::app::AppContext;
-use crate::client_server::error::ApiError;
 use crate::client_server::health;
+use crate::context::AppContext;
+use crate::http::error::ApiError;
 
 pub fn router(app: Arc<AppContext>) -> Router {
     Router::new()

@@ -10,7 +10,7 @@ use homeserver_protocol::{AuthHeader, BodyHash};
 use super::ServiceError;
 use super::auth::{self, SignedTarget};
 use crate::persistence::{MetadataStore, MetadataWrites};
-use crate::pkarr_publish;
+use crate::service::pkarr_publish;
 
 /// The largest record pkarr carries as a relay payload: a 64-byte signature, an 8-byte
 /// timestamp and at most 1000 bytes of DNS packet (BEP 44's limit on a value).

@@ -657,7 +657,7 @@ fn pkarr_timestamp(user: &str, payload: &[u8]) -> Result<i64, ServiceError> {
     let key = user
         .parse::<pkarr::PublicKey>()
         .map_err(|e| ServiceError::Internal(format!("pkarr record of {user}: {e}")))?;
-    let packet = crate::pkarr_publish::user_packet(&key, payload)
+    let packet = crate::service::pkarr_publish::user_packet(&key, payload)
         .map_err(|e| ServiceError::Internal(format!("pkarr record of {user}: {e}")))?;
     Ok(i64::try_from(packet.timestamp().as_u64()).unwrap_or(i64::MAX))
 }

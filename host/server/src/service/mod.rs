@@ -22,6 +22,7 @@ pub mod error;
 pub mod events;
 pub mod identity;
 pub mod maintenance;
+pub mod pkarr_publish;
 pub mod readiness;
 pub mod sessions;
 pub mod signup;

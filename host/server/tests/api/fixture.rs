@@ -1,5 +1,5 @@
 //! `TestHost`: a real homeserver in this process on a random port with a throwaway data
-//! dir, plus helpers that sign requests exactly as DESIGN.md says.
+//! dir, plus helpers that sign requests exactly as docs/API.md says.
 //!
 //! `HS_TEST_INSTANCES=2` (with `HS_TEST_BACKEND=postgres`) runs every host as two
 //! instances on the one database and blob store behind a round-robin balancer, and the

@@ -1,4 +1,4 @@
-//! Sessions: minting, every validation rule of DESIGN.md, the capability rules as the
+//! Sessions: minting, every validation rule of docs/API.md, the capability rules as the
 //! policy guest applies them, expiry, revocation, and hot-swapping the policy of a
 //! running server.
 

@@ -26,9 +26,9 @@ use axum::http::{HeaderValue, Method, Request, Response, Uri};
 use bytes::Buf;
 use http_body::{Body, Frame, SizeHint};
 
-use crate::client_server::middleware::ClientIp;
-use crate::rate_limit::client_ip;
-use crate::request_id::REQUEST_ID_HEADER;
+use crate::http::extract::ClientIp;
+use crate::http::rate_limit::client_ip;
+use crate::http::request_id::REQUEST_ID_HEADER;
 use crate::service::caller::ProvenCaller;
 
 pub mod output;

@@ -31,7 +31,7 @@ use tokio_util::sync::CancellationToken;
 use tokio_util::task::TaskTracker;
 use tower::ServiceExt;
 
-use crate::access_log::{AccessLog, LoggedBody};
+use crate::http::access_log::{AccessLog, LoggedBody};
 use crate::service::caller;
 
 pub use connections::PerIpLimit;

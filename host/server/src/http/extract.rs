@@ -1,15 +1,21 @@
-//! Reading what the routes need from a request: the signed target, the credentials and
-//! the Pubky-Host. Malformed credentials are answered here (401), before any service
+//! Reading what the routes need from a request: the signed target, the credentials,
+//! the Pubky-Host and the client's address. Malformed credentials are answered here (401), before any service
 //! runs.
+
+use std::net::IpAddr;
 
 use axum::http::request::Parts;
 use axum::http::{HeaderMap, Method, Uri, header};
+use homeserver_protocol::wire::{PUBKY_HOST_HEADER, PUBKY_HOST_QUERY};
 use homeserver_protocol::{AuthHeader, BodyHash, CONTENT_DIGEST_HEADER, ErrorCode, PublicKey};
 
 use super::error::ApiError;
 use crate::service::auth::{Credentials, SignedTarget};
 
-use homeserver_protocol::wire::{PUBKY_HOST_HEADER, PUBKY_HOST_QUERY};
+/// The client's address as the rate limits see it (a trusted proxy's
+/// `X-Forwarded-For`, else the peer), for handlers with per-address limits of their own.
+#[derive(Debug, Clone, Copy)]
+pub struct ClientIp(pub IpAddr);
 
 /// The parts of a request the storage routes use.
 #[derive(Debug)]

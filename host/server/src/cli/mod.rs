@@ -1,4 +1,10 @@
-//! The `homeserver` command line.
+//! The `homeserver` command line: the arguments and subcommands (here), the plugin
+//! author's tools ([`policy`], [`policy_template`]) and the operator's maintenance tools
+//! ([`maintenance`]); `main.rs` only parses and dispatches.
+
+pub mod maintenance;
+pub mod policy;
+pub mod policy_template;
 
 use std::path::PathBuf;
 
@@ -124,7 +130,7 @@ pub enum PolicyCommand {
         /// The guest's language: rust (any slot) or python (capability-policy; built
         /// with componentize-py).
         #[arg(long, value_enum, default_value = "rust")]
-        lang: crate::policy_template::Lang,
+        lang: crate::cli::policy_template::Lang,
         /// A new (or empty) folder; its name names the crate.
         dir: PathBuf,
     },

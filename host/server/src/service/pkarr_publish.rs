@@ -21,7 +21,7 @@ use pkarr::{Client, Keypair, SignedPacket};
 use serde::Serialize;
 use tokio_util::sync::CancellationToken;
 
-use crate::config::PkarrConfig;
+use crate::config::{PkarrConfig, public_endpoint};
 use crate::persistence::MetadataStore;
 
 /// Lifetime given to the records, in seconds (what resolvers may cache).
@@ -137,32 +137,6 @@ pub fn published_address(config: &PkarrConfig, tls: SocketAddr) -> Result<Socket
         ));
     }
     Ok(tls)
-}
-
-/// The domain and port of `pkarr.public_url` (None when empty): an `https://` URL
-/// whose host is a domain name (an HTTPS record's target is a name).
-pub fn public_endpoint(url: &str) -> Result<Option<(String, u16)>, String> {
-    if url.trim().is_empty() {
-        return Ok(None);
-    }
-    let parsed = url::Url::parse(url.trim()).map_err(|e| format!("`{url}` is not a URL: {e}"))?;
-    if parsed.scheme() != "https" {
-        return Err(format!("`{url}` must be an https:// URL"));
-    }
-    if parsed.path() != "/" || parsed.query().is_some() {
-        return Err(format!(
-            "`{url}`: only scheme, host and port (the API is at the root)"
-        ));
-    }
-    match parsed.host() {
-        Some(url::Host::Domain(domain)) => Ok(Some((
-            domain.trim_end_matches('.').to_owned(),
-            parsed.port_or_known_default().unwrap_or(443),
-        ))),
-        _ => Err(format!(
-            "`{url}`: the host must be a domain name, not an address"
-        )),
-    }
 }
 
 /// What the server's own record names: the raw-public-key TLS endpoint and the
@@ -482,27 +456,6 @@ mod tests {
                 .any(|r| matches!(&r.rdata, RData::A(a) if IpAddr::V4(a.address.into()) == "127.0.0.1".parse::<IpAddr>().unwrap()))
         );
         assert_eq!(packet.public_key(), key.public_key());
-    }
-
-    #[test]
-    fn public_urls() {
-        assert_eq!(public_endpoint("").unwrap(), None);
-        assert_eq!(
-            public_endpoint("https://hs.example.org").unwrap(),
-            Some(("hs.example.org".to_owned(), 443))
-        );
-        assert_eq!(
-            public_endpoint("https://hs.example.org:8443/").unwrap(),
-            Some(("hs.example.org".to_owned(), 8443))
-        );
-        for bad in [
-            "http://hs.example.org",
-            "https://203.0.113.7",
-            "https://x.org/api",
-            "nope",
-        ] {
-            assert!(public_endpoint(bad).is_err(), "{bad}");
-        }
     }
 
     #[test]

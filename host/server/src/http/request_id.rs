@@ -14,7 +14,7 @@
 //! a public GET ~5 µs of its ~15 µs of server CPU; this one costs about 2 µs
 //! (docs/BENCHMARKS.md "Request ids").
 //!
-//! On the client API the same layer applies CORS ([`crate::cors`]): it answers
+//! On the client API the same layer applies CORS ([`crate::http::cors`]): it answers
 //! preflights before anything else runs and adds the CORS headers to every answer, so
 //! CORS costs no layer of its own.
 
@@ -29,7 +29,7 @@ use axum::response::Response;
 use tower::{Layer, Service};
 use tracing::Instrument;
 
-use crate::cors::{self, Admission, Cors};
+use crate::http::cors::{self, Admission, Cors};
 
 pub const REQUEST_ID_HEADER: HeaderName = HeaderName::from_static("x-request-id");
 

@@ -11,7 +11,7 @@ use std::path::{Path, PathBuf};
 use homeserver_runtime::Slot;
 
 /// The WIT contract, as the server loads guests against it.
-const WIT: &str = include_str!("../../../../wit/guest.wit");
+const WIT: &str = include_str!("../../../../../wit/guest.wit");
 /// The wit-bindgen the built-in guests use (guests/Cargo.toml).
 const WIT_BINDGEN: &str = "0.61";
 /// The componentize-py of Python guests (scripts/build-python-guest).

@@ -11,7 +11,7 @@
 //! origin that is not allowed gets no CORS headers at all, and its preflight a 403 that
 //! says why.
 //!
-//! The request-id layer ([`crate::request_id`]), the outermost layer of the client
+//! The request-id layer ([`crate::http::request_id`]), the outermost layer of the client
 //! router, applies it: one place that sees every answer, the rate limiter's 429 and every
 //! error included, and no layer of its own (each `Router::layer` costs every request a
 //! route clone and a boxed future; docs/BENCHMARKS.md "CORS").
@@ -20,7 +20,7 @@ use axum::http::{HeaderMap, HeaderValue, Method, StatusCode, header};
 use axum::response::{IntoResponse, Response};
 use homeserver_protocol::ErrorCode;
 
-use crate::client_server::error::ApiError;
+use crate::http::error::ApiError;
 
 /// Request headers the API reads, allowed on cross-origin requests.
 const ALLOW_HEADERS: HeaderValue = HeaderValue::from_static(
@@ -275,7 +275,7 @@ mod tests {
     async fn the_request_id_layer_applies_the_rules() {
         let calls = Arc::new(AtomicUsize::new(0));
         let counted = calls.clone();
-        let router = crate::request_id::with_request_ids_and_cors(
+        let router = crate::http::request_id::with_request_ids_and_cors(
             Router::new().route(
                 "/x",
                 axum::routing::any(move || {
@@ -298,7 +298,7 @@ mod tests {
         assert!(
             answer
                 .headers()
-                .contains_key(crate::request_id::REQUEST_ID_HEADER)
+                .contains_key(crate::http::request_id::REQUEST_ID_HEADER)
         );
         let refused = call(request(Method::OPTIONS, Some("https://evil.example"), true))
             .await
@@ -349,7 +349,7 @@ mod tests {
     /// Without rules (the admin API) the layer adds nothing and answers no preflight.
     #[tokio::test]
     async fn without_rules_nothing_is_added() {
-        let router = crate::request_id::with_request_ids(
+        let router = crate::http::request_id::with_request_ids(
             Router::new().route("/x", axum::routing::any(|| async { StatusCode::OK })),
         );
         let answer = router

@@ -8,7 +8,7 @@ use homeserver_runtime::{
 };
 
 use crate::cli::PolicyCommand;
-use crate::policy_template::Lang;
+use crate::cli::policy_template::Lang;
 
 pub fn run(command: PolicyCommand) -> ExitCode {
     match execute(command) {
@@ -131,7 +131,7 @@ fn execute(command: PolicyCommand) -> Result<ExitCode, String> {
             lang,
             dir,
         } => {
-            let made = crate::policy_template::new_guest(slot(&name)?, lang, &dir)?;
+            let made = crate::cli::policy_template::new_guest(slot(&name)?, lang, &dir)?;
             for path in &made.files {
                 println!("wrote {}", path.display());
             }
