@@ -123,8 +123,8 @@ impl Serialize for SecretUrl {
 }
 
 /// `text` with the password of its authority and the values of secret query parameters
-/// replaced by `****`. Text that is not a URL but has an `@` (it might hold a password)
-/// is hidden whole; other text (a SQLite path) is returned as it is.
+/// replaced by `****`. Text that is not a URL with an authority but has an `@` (it might
+/// hold a password) is hidden whole; other text (a SQLite path) is returned as it is.
 pub fn redact_url(text: &str) -> String {
     let Ok(mut url) = url::Url::parse(text) else {
         return if text.contains('@') {
@@ -133,6 +133,11 @@ pub fn redact_url(text: &str) -> String {
             text.into()
         };
     };
+    // `user:password@host` without a scheme parses as scheme `user` with an opaque path:
+    // no authority to find a password in, so hide it all.
+    if url.cannot_be_a_base() && text.contains('@') {
+        return REDACTED.into();
+    }
     if url.password().is_some() {
         let _ = url.set_password(Some(REDACTED));
     }
@@ -197,6 +202,8 @@ mod tests {
             ("sqlite://data/bot.db", "sqlite://data/bot.db"),
             ("data/bot.db", "data/bot.db"),
             ("u:pw@not a url", REDACTED),
+            ("bot:pw@db.example/bot", REDACTED),
+            ("sqlite::memory:", "sqlite::memory:"),
         ] {
             assert_eq!(redact_url(text), shown, "{text}");
             let url = SecretUrl::new(text);

@@ -224,3 +224,20 @@ impl std::io::Write for CapturedLog {
         Ok(())
     }
 }
+
+/// Polls `condition` every 20 ms until it holds, failing the test after `deadline` (a
+/// bound on a wait, not a timing assertion: make it generous, so a loaded machine passes).
+pub async fn eventually<F, Fut>(what: &str, deadline: std::time::Duration, mut condition: F)
+where
+    F: FnMut() -> Fut,
+    Fut: std::future::Future<Output = bool>,
+{
+    let until = std::time::Instant::now() + deadline;
+    while !condition().await {
+        assert!(
+            std::time::Instant::now() < until,
+            "timed out waiting for {what}"
+        );
+        tokio::time::sleep(std::time::Duration::from_millis(20)).await;
+    }
+}

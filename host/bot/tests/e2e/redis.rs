@@ -155,16 +155,12 @@ impl Setup {
 }
 
 /// Waits until `f` holds (a generous deadline; never a timing assertion).
-async fn eventually<F, Fut>(what: &str, mut f: F)
+async fn eventually<F, Fut>(what: &str, f: F)
 where
     F: FnMut() -> Fut,
     Fut: std::future::Future<Output = bool>,
 {
-    let deadline = Instant::now() + WAIT;
-    while !f().await {
-        assert!(Instant::now() < deadline, "never: {what}");
-        tokio::time::sleep(Duration::from_millis(100)).await;
-    }
+    hs_testkit::eventually(what, WAIT, f).await;
 }
 
 async fn role(bot: &BotProcess) -> String {

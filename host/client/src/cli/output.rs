@@ -49,32 +49,13 @@ pub fn human_size(bytes: u64) -> String {
     format!("{value:.1} {}", UNITS[unit])
 }
 
-/// Unix seconds as `YYYY-MM-DD HH:MM:SS` (UTC).
+/// Unix seconds as `YYYY-MM-DD HH:MM:SS` (UTC); a time no calendar can show (a server's
+/// wild value) as `@SECONDS`.
 pub fn utc_time(unix: i64) -> String {
-    let days = unix.div_euclid(86_400);
-    let secs = unix.rem_euclid(86_400);
-    let (y, m, d) = civil_from_days(days);
-    format!(
-        "{y:04}-{m:02}-{d:02} {:02}:{:02}:{:02}",
-        secs / 3600,
-        secs / 60 % 60,
-        secs % 60
+    chrono::DateTime::from_timestamp(unix, 0).map_or_else(
+        || format!("@{unix}"),
+        |t| t.format("%Y-%m-%d %H:%M:%S").to_string(),
     )
-}
-
-/// Days since 1970-01-01 → (year, month, day) in the proleptic Gregorian calendar
-/// (Howard Hinnant's `civil_from_days`).
-fn civil_from_days(days: i64) -> (i64, u32, u32) {
-    let z = days + 719_468;
-    let era = z.div_euclid(146_097);
-    let doe = z.rem_euclid(146_097);
-    let yoe = (doe - doe / 1460 + doe / 36_524 - doe / 146_096) / 365;
-    let doy = doe - (365 * yoe + yoe / 4 - yoe / 100);
-    let mp = (5 * doy + 2) / 153;
-    let d = (doy - (153 * mp + 2) / 5 + 1) as u32;
-    let m = if mp < 10 { mp + 3 } else { mp - 9 } as u32;
-    let y = yoe + era * 400 + i64::from(m <= 2);
-    (y, m, d)
 }
 
 /// Whether the start of a value looks like text a terminal can show: valid UTF-8 (a
@@ -153,6 +134,7 @@ mod tests {
         assert_eq!(utc_time(1_700_000_000), "2023-11-14 22:13:20");
         assert_eq!(utc_time(951_782_400), "2000-02-29 00:00:00");
         assert_eq!(utc_time(-1), "1969-12-31 23:59:59");
+        assert_eq!(utc_time(i64::MAX), format!("@{}", i64::MAX));
         // Checked against httpdate, which formats the same instant independently.
         for t in [1_234_567_890i64, 4_102_444_799, 1_583_020_800] {
             let http =

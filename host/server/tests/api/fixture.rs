@@ -349,25 +349,7 @@ pub async fn raw_request(host: &TestHost, request: &str) -> String {
     String::from_utf8_lossy(&answer).into_owned()
 }
 
-/// Polls `condition` until it holds, failing the test after `deadline` (a bound on a
-/// wait, not a timing assertion: generous so a loaded machine passes).
-pub async fn eventually<F, Fut>(what: &str, deadline: std::time::Duration, mut condition: F)
-where
-    F: FnMut() -> Fut,
-    Fut: std::future::Future<Output = bool>,
-{
-    let until = std::time::Instant::now() + deadline;
-    loop {
-        if condition().await {
-            return;
-        }
-        assert!(
-            std::time::Instant::now() < until,
-            "timed out waiting for {what}"
-        );
-        tokio::time::sleep(std::time::Duration::from_millis(20)).await;
-    }
-}
+pub use hs_testkit::eventually;
 
 /// A request to the server at `url` signed by `key` at `timestamp` (for servers that are
 /// not a [`TestHost`], e.g. real processes).
