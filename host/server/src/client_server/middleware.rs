@@ -1,22 +1,21 @@
-//! What wraps every client request: the rate limit (which answers first, before any
-//! other check), the `X-RateLimit-*` headers, and request metrics.
+//! What wraps every client request: its credentials classified once (read by everything
+//! after), the rate limit (which answers first, before any other check), the
+//! `X-RateLimit-*` headers, and request metrics.
 
 use std::net::{IpAddr, Ipv4Addr, SocketAddr};
 use std::time::Instant;
 
 use axum::extract::{ConnectInfo, Request, State};
-use axum::http::request::Parts;
-use axum::http::{HeaderMap, HeaderValue, Method};
+use axum::http::{HeaderMap, HeaderValue};
 use axum::middleware::Next;
 use axum::response::{IntoResponse, Response};
-use homeserver_protocol::{BodyHash, ErrorCode};
+use homeserver_protocol::ErrorCode;
 
 use super::AppState;
 use crate::http::error::ApiError;
-use crate::http::extract::ClientIp;
-use crate::http::extract::{credentials, declared_body, target_of};
+use crate::http::extract::{Classified, ClientIp, classify};
 use crate::http::rate_limit::{Caller, Decision};
-use crate::service::auth::{Credentials, check_fresh};
+use crate::service::auth::Credentials;
 
 /// The path of the signup-token check, which has its own limit.
 const SIGNUP_TOKENS_PREFIX: &str = "/signup_tokens/";
@@ -43,18 +42,21 @@ pub async fn observe_and_limit(
         }
     };
 
-    let limited = if request.uri().path().starts_with(SIGNUP_TOKENS_PREFIX) {
+    // The credentials, classified once for everything after this layer.
+    let (mut parts, body) = request.into_parts();
+    let classified = classify(&parts);
+    let limited = if parts.uri.path().starts_with(SIGNUP_TOKENS_PREFIX) {
         Some((app.rate_limits.check_token_lookup(ip), "signup_token_check"))
     } else if app.rate_limits.enabled() {
-        let (parts, body) = request.into_parts();
-        let caller = caller(&app, &parts, ip).await;
-        request = Request::from_parts(parts, body);
+        let caller = caller(&app, &classified, ip).await;
         app.rate_limits
             .check(&caller)
             .map(|(d, scope)| (d, scope.as_str()))
     } else {
         None
     };
+    parts.extensions.insert(classified);
+    let request = Request::from_parts(parts, body);
 
     let response = match limited {
         Some((decision, scope)) if !decision.allowed => {
@@ -86,33 +88,23 @@ pub async fn observe_and_limit(
     response
 }
 
-/// Which bucket a request uses: its user's, when its signature is proven now (a
-/// bodiless request, or one whose body's SHA-256 is declared in `Content-Digest`) and the
-/// user signed up; a valid session's own; otherwise its IP's. A signed upload without a
-/// declared digest cannot be proven before its body is read, so it counts against the IP:
-/// charging the named key on the header's word would let anyone use up another user's
-/// bucket. Keys are free to make, so an unknown key never gets a bucket of its own.
-async fn caller(app: &AppState, request: &Parts, ip: IpAddr) -> Caller {
-    let method = &request.method;
-    match credentials(&request.headers) {
-        Ok(Credentials::Signed(header)) if check_fresh(&header).is_ok() => {
-            let body = if matches!(*method, Method::GET | Method::HEAD | Method::DELETE) {
-                Some(BodyHash::empty())
-            } else {
-                declared_body(&request.headers).ok().flatten()
-            };
-            let target = target_of(&request.uri);
-            let proven = body.is_some_and(|body| {
-                crate::service::auth::verify_signature(&header, method.as_str(), &target, &body)
-                    .is_ok()
-            });
-            let user = header.public_key.to_z32();
-            if proven && app.known_user(&user).await {
+/// Which bucket a request uses: its user's, when its signature was proven up front (a
+/// bodiless request, or one whose body's SHA-256 is declared in `Content-Digest`: see
+/// [`classify`]) and the user signed up; a valid session's own; otherwise its IP's. A
+/// signed upload without a declared digest cannot be proven before its body is read, so
+/// it counts against the IP: charging the named key on the header's word would let
+/// anyone use up another user's bucket. Keys are free to make, so an unknown key never
+/// gets a bucket of its own.
+async fn caller(app: &AppState, classified: &Classified, ip: IpAddr) -> Caller {
+    match &classified.0 {
+        Ok(Credentials::Signed(signed)) if signed.is_proven() => {
+            let user = signed.public_key.to_z32();
+            if app.known_user(&user).await {
                 return Caller::Key(user);
             }
         }
         Ok(Credentials::Session(token)) => {
-            if let Ok(session) = app.access.sessions().resolve(&token).await {
+            if let Ok(session) = app.access.sessions().resolve(token).await {
                 return Caller::Session(session.token_hash);
             }
         }

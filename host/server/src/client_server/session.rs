@@ -42,7 +42,7 @@ async fn create_session(app: AppState, request: Request) -> Result<Response, Api
 }
 
 fn bearer(request: &Request) -> Result<String, ApiError> {
-    match crate::http::extract::credentials(request.headers())? {
+    match crate::http::extract::credentials_of(request.extensions(), request.headers())? {
         Credentials::Session(token) => Ok(token),
         _ => Err(ApiError::new(
             ErrorCode::InvalidSignature,

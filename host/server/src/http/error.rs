@@ -25,7 +25,7 @@ fn internal(cause: &dyn std::fmt::Display) -> ErrorBody {
 }
 
 /// A complete error answer.
-#[derive(Debug)]
+#[derive(Debug, Clone)]
 pub struct ApiError(pub ErrorBody);
 
 impl ApiError {

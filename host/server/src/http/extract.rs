@@ -10,7 +10,7 @@ use homeserver_protocol::wire::{PUBKY_HOST_HEADER, PUBKY_HOST_QUERY};
 use homeserver_protocol::{AuthHeader, BodyHash, CONTENT_DIGEST_HEADER, ErrorCode, PublicKey};
 
 use super::error::ApiError;
-use crate::service::auth::{Credentials, SignedTarget};
+use crate::service::auth::{Credentials, Signed, SignedTarget};
 
 /// The client's address as the rate limits see it (a trusted proxy's
 /// `X-Forwarded-For`, else the peer), for handlers with per-address limits of their own.
@@ -46,6 +46,47 @@ pub fn target_of(uri: &Uri) -> String {
         .unwrap_or_else(|| uri.path().to_owned())
 }
 
+/// A request's credentials, classified once by the client API's first layer
+/// ([`classify`], in `client_server::middleware`) and read from the request's
+/// extensions by rate limiting and the handlers ([`credentials_of`]).
+#[derive(Debug, Clone)]
+pub struct Classified(pub Result<Credentials, ApiError>);
+
+/// Parses the credentials and proves a signature now when it can be (a bodiless request,
+/// or one whose body's SHA-256 is declared in `Content-Digest`): the services' checks
+/// then reuse the proof. A signature that fails here is checked again, and refused, by
+/// the service, which words the error.
+pub fn classify(parts: &Parts) -> Classified {
+    Classified(
+        credentials(&parts.headers).map(|credentials| match credentials {
+            Credentials::Signed(mut signed) => {
+                let body = if matches!(parts.method, Method::GET | Method::HEAD | Method::DELETE) {
+                    Some(BodyHash::empty())
+                } else {
+                    declared_body(&parts.headers).ok().flatten()
+                };
+                if let Some(body) = body {
+                    let _ = signed.prove(parts.method.as_str(), &target_of(&parts.uri), &body);
+                }
+                Credentials::Signed(signed)
+            }
+            other => other,
+        }),
+    )
+}
+
+/// The request's credentials: as [`classify`] found them, or parsed now for a request
+/// that did not pass that layer.
+pub fn credentials_of(
+    extensions: &axum::http::Extensions,
+    headers: &HeaderMap,
+) -> Result<Credentials, ApiError> {
+    match extensions.get::<Classified>() {
+        Some(Classified(credentials)) => credentials.clone(),
+        None => credentials(headers),
+    }
+}
+
 pub fn credentials(headers: &HeaderMap) -> Result<Credentials, ApiError> {
     let Some(value) = headers.get(header::AUTHORIZATION) else {
         return Ok(Credentials::None);
@@ -58,7 +99,7 @@ pub fn credentials(headers: &HeaderMap) -> Result<Credentials, ApiError> {
         return Ok(Credentials::Session(token.trim().to_owned()));
     }
     AuthHeader::parse(value)
-        .map(|h| Credentials::Signed(Box::new(h)))
+        .map(|h| Credentials::Signed(Box::new(Signed::new(h))))
         .map_err(|e| invalid(e.to_string()))
 }
 
@@ -109,7 +150,7 @@ pub fn request_info(parts: &Parts) -> Result<RequestInfo, ApiError> {
     Ok(RequestInfo {
         method: parts.method.clone(),
         target: target_of(&parts.uri),
-        credentials: credentials(&parts.headers)?,
+        credentials: credentials_of(&parts.extensions, &parts.headers)?,
         host: host(&parts.headers, &parts.uri)?,
         declared_body: declared_body(&parts.headers)?,
     })

@@ -8,13 +8,13 @@
 
 use std::sync::Arc;
 
-use homeserver_protocol::{AuthHeader, BodyHash, PublicKey, StoragePath};
+use homeserver_protocol::{BodyHash, PublicKey, StoragePath};
 use homeserver_runtime::{
     AuthorizeRequest, Caller as PolicyCaller, GuestFailure, Method, Operation, PolicyRuntime,
 };
 
 use super::ServiceError;
-use super::auth::{self, Credentials, ReadAccess, SignedTarget};
+use super::auth::{self, Credentials, ReadAccess, Signed, SignedTarget};
 use super::sessions::SessionService;
 use super::visibility::PublicFilter;
 use crate::persistence::metadata::SessionRecord;
@@ -24,7 +24,7 @@ use crate::persistence::metadata::SessionRecord;
 pub enum Writer<'a> {
     /// A signed request; its signature covers the body and is checked against it.
     Signed {
-        header: &'a AuthHeader,
+        header: &'a Signed,
         target: SignedTarget<'a>,
     },
     /// A session the policy allowed.

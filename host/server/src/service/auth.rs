@@ -8,13 +8,79 @@ use homeserver_protocol::{AuthHeader, BodyHash, MAX_CLOCK_SKEW_SECS, PublicKey, 
 use super::ServiceError;
 use crate::persistence::metadata::ReplayMark;
 
-/// Credentials as presented, parsed but not yet verified.
+/// Credentials as presented, parsed once per request (by the client API's first layer,
+/// which rate limiting, access control and the handlers then all read).
 #[derive(Debug, Clone)]
 pub enum Credentials {
     None,
-    Signed(Box<AuthHeader>),
+    Signed(Box<Signed>),
     /// A session token (`Bearer`).
     Session(String),
+}
+
+/// A signed request's `Authorization: Pk` header, with the proof of its signature when
+/// it was verified already for this request (the rate limiter proves a bodiless or
+/// digest-declaring request up front to pick its bucket): the service's check then
+/// costs a hash, not a second Ed25519 verification.
+#[derive(Debug, Clone)]
+pub struct Signed {
+    header: AuthHeader,
+    proof: Option<Proof>,
+}
+
+impl Signed {
+    pub fn new(header: AuthHeader) -> Self {
+        Self {
+            header,
+            proof: None,
+        }
+    }
+
+    /// Proves the signature over `method`, `target` and `body_hash` now (fresh, and
+    /// valid), keeping the proof for this request's later checks.
+    pub fn prove(
+        &mut self,
+        method: &str,
+        target: &str,
+        body_hash: &BodyHash,
+    ) -> Result<(), ServiceError> {
+        self.proof = Some(verify_signature(&self.header, method, target, body_hash)?);
+        Ok(())
+    }
+
+    /// Whether [`Self::prove`] succeeded for this request.
+    pub fn is_proven(&self) -> bool {
+        self.proof.is_some()
+    }
+}
+
+impl std::ops::Deref for Signed {
+    type Target = AuthHeader;
+
+    fn deref(&self) -> &AuthHeader {
+        &self.header
+    }
+}
+
+/// What a verified signature signed (a digest of key, method, target, time and body),
+/// so a later check of the same request can tell it is the same message. Only
+/// [`verify_signature`] makes one.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Proof([u8; 32]);
+
+impl Proof {
+    fn of(header: &AuthHeader, method: &str, target: &str, body_hash: &BodyHash) -> Self {
+        let mut signed = blake3::Hasher::new();
+        signed.update(header.public_key.as_bytes());
+        signed.update(&header.signature.to_bytes());
+        signed.update(method.as_bytes());
+        signed.update(&[0]);
+        signed.update(target.as_bytes());
+        signed.update(&[0]);
+        signed.update(&header.timestamp.to_le_bytes());
+        signed.update(&body_hash.0);
+        Self(signed.finalize().into())
+    }
 }
 
 /// The request facts a signature covers.
@@ -62,48 +128,39 @@ pub fn check_fresh(header: &AuthHeader) -> Result<(), ServiceError> {
     header.check_freshness(now_u64()).map_err(verify_error)
 }
 
-/// Full check of a signed request whose body hashes to `body_hash`.
+/// Full check of a signed request whose body hashes to `body_hash`: freshness, then
+/// the signature (unless this request's proof shows it was verified for exactly this
+/// message already).
 pub fn verify(
-    header: &AuthHeader,
+    signed: &Signed,
     target: &SignedTarget<'_>,
     body_hash: &BodyHash,
 ) -> Result<(), ServiceError> {
-    verify_signature(header, target.method, target.target, body_hash).map_err(verify_error)
+    let proven = signed.proof.is_some_and(|proof| {
+        proof == Proof::of(&signed.header, target.method, target.target, body_hash)
+    });
+    if proven {
+        check_fresh(&signed.header)?;
+        super::caller::record(super::caller::ProvenCaller::Key(signed.header.public_key));
+        return Ok(());
+    }
+    verify_signature(&signed.header, target.method, target.target, body_hash)?;
+    Ok(())
 }
 
-/// Signatures proven moments ago, by signature, with a digest of exactly what each
-/// signed. The rate limiter proves a request's signature to pick its bucket and the
-/// route proves it again: with this, one request costs one Ed25519 verification. A hit
-/// needs the same signature over the same key, method, target, time and body, so
-/// nothing unproven passes; freshness is checked every time.
-static PROVEN: std::sync::LazyLock<quick_cache::sync::Cache<[u8; 64], [u8; 32]>> =
-    std::sync::LazyLock::new(|| quick_cache::sync::Cache::new(8192));
-
-/// [`AuthHeader::verify`], remembering what it proved.
-pub fn verify_signature(
+/// [`AuthHeader::verify`] (freshness and signature), recording who the request proved
+/// to be; the proof of what was verified.
+fn verify_signature(
     header: &AuthHeader,
     method: &str,
     target: &str,
     body_hash: &BodyHash,
-) -> Result<(), VerifyError> {
-    let now = now_u64();
-    header.check_freshness(now)?;
-    let signature = header.signature.to_bytes();
-    let mut signed = blake3::Hasher::new();
-    signed.update(header.public_key.as_bytes());
-    signed.update(method.as_bytes());
-    signed.update(&[0]);
-    signed.update(target.as_bytes());
-    signed.update(&[0]);
-    signed.update(&header.timestamp.to_le_bytes());
-    signed.update(&body_hash.0);
-    let signed: [u8; 32] = signed.finalize().into();
-    if PROVEN.get(&signature) != Some(signed) {
-        header.verify(method, target, body_hash, now)?;
-        PROVEN.insert(signature, signed);
-    }
+) -> Result<Proof, ServiceError> {
+    header
+        .verify(method, target, body_hash, now_u64())
+        .map_err(verify_error)?;
     super::caller::record(super::caller::ProvenCaller::Key(header.public_key));
-    Ok(())
+    Ok(Proof::of(header, method, target, body_hash))
 }
 
 /// The replay mark of an accepted signature: kept as long as the signature could pass
@@ -141,23 +198,54 @@ mod tests {
 
     use super::*;
 
+    fn signed(header: &AuthHeader) -> Signed {
+        Signed::new(header.clone())
+    }
+
+    fn target<'a>(method: &'a str, target: &'a str) -> SignedTarget<'a> {
+        SignedTarget { method, target }
+    }
+
     #[test]
-    fn a_remembered_signature_proves_only_what_it_signed() {
+    fn a_proof_covers_only_what_was_signed() {
         let key = Keypair::random();
         let body = BodyHash::of(b"value");
         let header = AuthHeader::sign(&key, "PUT", "/pub/a", now_u64(), &body);
-        assert!(verify_signature(&header, "PUT", "/pub/a", &body).is_ok());
-        // Proven once, remembered: the same message passes again...
-        assert!(verify_signature(&header, "PUT", "/pub/a", &body).is_ok());
-        // ...and the same signature over anything else does not.
-        assert!(verify_signature(&header, "PUT", "/pub/b", &body).is_err());
-        assert!(verify_signature(&header, "DELETE", "/pub/a", &body).is_err());
-        assert!(verify_signature(&header, "PUT", "/pub/a", &BodyHash::of(b"other")).is_err());
-        let mut other_key = header.clone();
-        other_key.public_key = Keypair::random().public_key();
-        assert!(verify_signature(&other_key, "PUT", "/pub/a", &body).is_err());
-        let mut other_time = header.clone();
-        other_time.timestamp -= 1;
-        assert!(verify_signature(&other_time, "PUT", "/pub/a", &body).is_err());
+        let mut proven = signed(&header);
+        proven.prove("PUT", "/pub/a", &body).unwrap();
+        assert!(verify(&proven, &target("PUT", "/pub/a"), &body).is_ok());
+        // The proof passes the same message only; anything else is verified afresh,
+        // and fails.
+        assert!(verify(&proven, &target("PUT", "/pub/b"), &body).is_err());
+        assert!(verify(&proven, &target("DELETE", "/pub/a"), &body).is_err());
+        assert!(verify(&proven, &target("PUT", "/pub/a"), &BodyHash::of(b"other")).is_err());
+        // A proof moved onto another header (key, time or signature) proves nothing.
+        for change in [
+            |h: &mut AuthHeader| h.public_key = Keypair::random().public_key(),
+            |h: &mut AuthHeader| h.timestamp -= 1,
+        ] {
+            let mut other = proven.clone();
+            change(&mut other.header);
+            assert!(verify(&other, &target("PUT", "/pub/a"), &body).is_err());
+        }
+        // Without a proof, the signature itself is checked.
+        assert!(verify(&signed(&header), &target("PUT", "/pub/a"), &body).is_ok());
+        let forged = AuthHeader::sign(&Keypair::random(), "PUT", "/pub/a", now_u64(), &body);
+        let mut forged_signed = signed(&forged);
+        forged_signed.header.public_key = key.public_key();
+        assert!(forged_signed.prove("PUT", "/pub/a", &body).is_err());
+        assert!(verify(&forged_signed, &target("PUT", "/pub/a"), &body).is_err());
+    }
+
+    #[test]
+    fn a_proof_does_not_outlive_freshness() {
+        let key = Keypair::random();
+        let body = BodyHash::empty();
+        let stale = now_u64() - MAX_CLOCK_SKEW_SECS - 10;
+        let header = AuthHeader::sign(&key, "GET", "/pub/a", stale, &body);
+        let mut s = signed(&header);
+        assert!(s.prove("GET", "/pub/a", &body).is_err());
+        s.proof = Some(Proof::of(&header, "GET", "/pub/a", &body));
+        assert!(verify(&s, &target("GET", "/pub/a"), &body).is_err());
     }
 }

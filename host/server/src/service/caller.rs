@@ -1,5 +1,5 @@
 //! Who the request being served has proven to be, for the access log: recorded where a
-//! signature is verified ([`super::auth::verify_signature`]) or a session token resolved
+//! signature is verified ([`super::auth::verify`]) or a session token resolved
 //! ([`super::sessions::SessionService::resolve`]), and read by the HTTP layer when the
 //! request ends. A task-local, so nothing is verified twice to write the log, and the
 //! services stay free of HTTP types: outside a request's scope (tools, tests of a

@@ -5,10 +5,10 @@
 
 use std::sync::Arc;
 
-use homeserver_protocol::{AuthHeader, BodyHash};
+use homeserver_protocol::BodyHash;
 
 use super::ServiceError;
-use super::auth::{self, SignedTarget};
+use super::auth::{self, Signed, SignedTarget};
 use crate::persistence::{MetadataStore, MetadataWrites};
 use crate::service::pkarr_publish;
 
@@ -37,7 +37,7 @@ impl IdentityService {
     /// replaced the stored one (false: the stored one is as new or newer).
     pub async fn store_packet(
         &self,
-        header: &AuthHeader,
+        header: &Signed,
         target: &SignedTarget<'_>,
         body: &[u8],
     ) -> Result<bool, ServiceError> {

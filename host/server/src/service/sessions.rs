@@ -8,10 +8,10 @@ use std::sync::atomic::{AtomicU64, Ordering};
 
 use base64::Engine;
 use base64::engine::general_purpose::URL_SAFE_NO_PAD;
-use homeserver_protocol::{AuthHeader, BodyHash, Capability};
+use homeserver_protocol::{BodyHash, Capability};
 use sha2::{Digest, Sha256};
 
-use super::auth::{self, SignedTarget};
+use super::auth::{self, Signed, SignedTarget};
 use super::{ServiceError, now_secs};
 use crate::persistence::metadata::{CreateSessionOutcome, SessionRecord};
 use crate::persistence::{MetadataStore, MetadataWrites};
@@ -81,7 +81,7 @@ impl SessionService {
 
     pub async fn create(
         &self,
-        header: &AuthHeader,
+        header: &Signed,
         target: &SignedTarget<'_>,
         body: &[u8],
     ) -> Result<SessionCreated, ServiceError> {

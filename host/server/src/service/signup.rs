@@ -4,11 +4,11 @@
 
 use std::sync::Arc;
 
+use homeserver_protocol::BodyHash;
 use homeserver_protocol::wire::{SignupResult, SignupTokenStatus, normalize_signup_token};
-use homeserver_protocol::{AuthHeader, BodyHash};
 
 use super::admin::iso8601;
-use super::auth::{self, SignedTarget};
+use super::auth::{self, Signed, SignedTarget};
 use super::{ServiceError, now_secs};
 use crate::config::SignupMode;
 use crate::persistence::metadata::SignupOutcome;
@@ -57,7 +57,7 @@ impl SignupService {
 
     pub async fn sign_up(
         &self,
-        header: &AuthHeader,
+        header: &Signed,
         target: &SignedTarget<'_>,
         body_hash: &BodyHash,
         token: Option<&str>,
