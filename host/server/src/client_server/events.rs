@@ -39,18 +39,13 @@ pub async fn feed(State(app): State<AppState>, request: Request) -> Response {
 async fn feed_page(app: &AppState, uri: axum::http::Uri) -> Result<EventPage, ApiError> {
     let query = FeedQuery::parse(uri.query().unwrap_or("")).map_err(|e| bad(e.to_string()))?;
     let (cursor, limit) = (query.cursor, query.limit_or_default());
-    let mut events = app.events.feed(cursor, limit).await?;
-    // The cursor of the whole page, so paging goes past events the policy hides.
-    let last = events.last().map_or(cursor, |e| e.cursor);
-    let visible = app
-        .access
-        .public_can_read(events.iter().map(|e| (e.user.as_str(), e.path.as_str())))
+    let (events, next) = app
+        .events
+        .public_feed(cursor, limit, &app.access.public_filter())
         .await?;
-    let mut visible = visible.into_iter();
-    events.retain(|_| visible.next().unwrap_or(false));
     Ok(EventPage {
         events: events.iter().map(to_wire).collect(),
-        cursor: last,
+        cursor: next,
     })
 }
 

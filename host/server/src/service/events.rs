@@ -300,6 +300,31 @@ impl EventHub {
             .await?)
     }
 
+    /// A page of the public feed (`GET /events/`): the events after `after` that
+    /// `visible` lets the public see, and the cursor to ask from next: the cursor of the
+    /// whole page read, so paging goes past events the policy hides (a page may then hold
+    /// fewer than `limit`, or none, before the feed's end).
+    pub async fn public_feed(
+        &self,
+        after: u64,
+        limit: u32,
+        visible: &PublicFilter,
+    ) -> Result<(Vec<EventRecord>, u64), ServiceError> {
+        let mut events = self.feed(after, limit).await?;
+        let next = events.last().map_or(after, |e| e.cursor);
+        let answers = visible
+            .visible(
+                events
+                    .iter()
+                    .map(|e| (e.user.clone(), e.path.clone()))
+                    .collect(),
+            )
+            .await?;
+        let mut answers = answers.into_iter();
+        events.retain(|_| answers.next().unwrap_or(false));
+        Ok((events, next))
+    }
+
     /// The events of a subscription, in batches, in cursor order (descending when
     /// reversed). Ends at the history's end unless live; a live stream ends at shutdown.
     pub async fn subscribe(
