@@ -61,6 +61,11 @@ pub fn test_config(dir: &std::path::Path) -> Config {
     config.rate_limit.enabled = false;
     // No DHT (the public one is out of reach here); the pkarr tests use a local testnet.
     config.pkarr.enabled = false;
+    // The suite runs ~190 tests at once on two cores: a guest call (microseconds when
+    // the machine is free) can wait past the serving default of 100 ms for a core, and
+    // an overrun fails the request closed (500). The tests of the deadline itself set
+    // theirs.
+    config.policies.call_deadline_ms = 1000;
     config
 }
 
