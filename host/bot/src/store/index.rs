@@ -4,7 +4,7 @@
 use sqlx::Row;
 use sqlx::any::AnyRow;
 
-use super::{IndexChange, IndexedPost, Result, Store, now_secs};
+use super::{IndexChange, IndexedPost, Result, Store, StoreError, now_secs};
 
 const INDEX_COLUMNS: &str = "SELECT seq, uri, author, post_id, content, kind, parent_uri, \
                              mentions_bot FROM index_posts";
@@ -36,7 +36,18 @@ impl Store {
         let token = self.fence.current()?;
         let _t = self.timed();
         let mut tx = self.pool.begin().await?;
-        self.check_fence_in(&mut tx, token).await?;
+        if token != 0 {
+            let held: Option<i64> = sqlx::query_scalar(&format!(
+                "SELECT token FROM fences WHERE name = 'leader' AND token = $1{}",
+                self.dialect.share_lock()
+            ))
+            .bind(token)
+            .fetch_optional(&mut *tx)
+            .await?;
+            if held.is_none() {
+                return Err(StoreError::Fenced(token));
+            }
+        }
         for change in changes {
             match change {
                 IndexChange::Put(post) => {

@@ -105,43 +105,36 @@ impl Store {
     // -----------------------------------------------------------------------------
     // Mentions
 
-    /// Records a mention; false when it was recorded before.
+    /// Records a mention (fenced); false when it was recorded before (it is never
+    /// ingested twice).
     pub async fn insert_mention(&self, m: &Mention) -> Result<bool> {
-        let inserted = self.insert_mentions(std::slice::from_ref(m)).await?;
-        Ok(inserted.first().copied().unwrap_or(false))
-    }
-
-    /// Records mentions in one transaction (one commit, whatever their number); for each,
-    /// whether it is new. Fenced: a process whose leader token is stale records nothing.
-    pub async fn insert_mentions(&self, mentions: &[Mention]) -> Result<Vec<bool>> {
         let token = self.fence.current()?;
         let _t = self.timed();
         let now = now_secs();
-        let mut tx = self.pool.begin().await?;
-        self.check_fence_in(&mut tx, token).await?;
-        let mut inserted = Vec::with_capacity(mentions.len());
-        for m in mentions {
-            let done = sqlx::query(
-                "INSERT INTO mentions (id, author_pubky, post_id, post_uri, content, parent_uri, \
-                 posted_at, received_at, status, updated_at) \
-                 VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $8) \
-                 ON CONFLICT (id) DO NOTHING",
-            )
-            .bind(&m.id)
-            .bind(&m.author)
-            .bind(&m.post_id)
-            .bind(&m.post_uri)
-            .bind(&m.content)
-            .bind(&m.parent_uri)
-            .bind(m.posted_at)
-            .bind(now)
-            .bind(m.status.as_str())
-            .execute(&mut *tx)
-            .await?;
-            inserted.push(done.rows_affected() > 0);
+        let done = sqlx::query(&format!(
+            "INSERT INTO mentions (id, author_pubky, post_id, post_uri, content, parent_uri, \
+             posted_at, received_at, status, updated_at) \
+             SELECT $1, $2, $3, $4, $5, $6, $7, $8, $9, $8 WHERE {} \
+             ON CONFLICT (id) DO NOTHING",
+            self.fenced(10)
+        ))
+        .bind(&m.id)
+        .bind(&m.author)
+        .bind(&m.post_id)
+        .bind(&m.post_uri)
+        .bind(&m.content)
+        .bind(&m.parent_uri)
+        .bind(m.posted_at)
+        .bind(now)
+        .bind(m.status.as_str())
+        .bind(token)
+        .execute(&self.pool)
+        .await?;
+        if done.rows_affected() == 0 {
+            self.refused_by_fence(token).await?;
+            return Ok(false);
         }
-        tx.commit().await?;
-        Ok(inserted)
+        Ok(true)
     }
 
     pub async fn mention(&self, id: &str) -> Result<Option<Mention>> {
