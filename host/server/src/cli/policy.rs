@@ -4,7 +4,8 @@
 use std::process::ExitCode;
 
 use homeserver_runtime::{
-    CheckOptions, Slot, check_module_with, eval_lines, install_defaults, parse_cases,
+    CheckOptions, GuestFailure, RuntimeError, Slot, check_module_with, eval_lines,
+    install_defaults, parse_cases,
 };
 
 use crate::cli::PolicyCommand;
@@ -45,16 +46,15 @@ fn execute(command: PolicyCommand) -> Result<ExitCode, String> {
                 call_deadline: std::time::Duration::from_millis(deadline_ms),
                 ..CheckOptions::default()
             };
-            let report = check_module_with(&file, slot(&name)?, options).map_err(|e| {
-                let message = e.to_string();
-                if message.contains("deadline") {
-                    format!(
-                        "{message} (--deadline-ms {deadline_ms} here; a slow first call on a \
-                         busy machine may need more)"
-                    )
-                } else {
-                    message
-                }
+            let report = check_module_with(&file, slot(&name)?, options).map_err(|e| match e {
+                RuntimeError::TestCall {
+                    failure: GuestFailure::Timeout { .. },
+                    ..
+                } => format!(
+                    "{e} (--deadline-ms {deadline_ms} here; a slow first call on a busy \
+                     machine may need more)"
+                ),
+                e => e.to_string(),
             })?;
             println!(
                 "{}: fits slot {} (WIT {}, blake3 {}, {} bytes, compiled in {:.0} ms)",
