@@ -294,7 +294,8 @@ mod tests {
     use std::sync::atomic::{AtomicUsize, Ordering};
 
     use super::*;
-    use crate::persistence::sqlite::SqliteStore;
+    use crate::persistence::BackendOptions;
+    use crate::persistence::sql::SqlStore;
 
     /// Transactions whose commit happens, but whose answer is lost (as when a
     /// connection drops right after the database committed).
@@ -379,7 +380,12 @@ mod tests {
     async fn a_batch_whose_commit_answer_is_lost_is_not_run_again() {
         let dir = tempfile::tempdir().unwrap();
         let url = format!("sqlite://{}/hs.db", dir.path().display());
-        let store: Arc<dyn MetadataStore> = Arc::new(SqliteStore::open(&url).await.unwrap());
+        let url = crate::persistence::DatabaseUrl::parse(&url).unwrap();
+        let store: Arc<dyn MetadataStore> = Arc::new(
+            SqlStore::open(&url, &BackendOptions::default())
+                .await
+                .unwrap(),
+        );
         let queue = Arc::new(CommitQueue::with_transactions(Arc::new(
             LosesCommitAnswers(store.clone()),
         )));

@@ -4,7 +4,9 @@
 //!   the records it trades in and the contracts every backend keeps.
 //! - [`rules`]: the rules of every write (quota, replay marks, events), written once
 //!   above the backends.
-//! - [`sqlite`]: the embedded SQLite backend; [`postgres`]: the shared one.
+//! - [`sql`]: the metadata store on SQLite (embedded) or PostgreSQL (shared by several
+//!   instances), one implementation with a small dialect; [`sqlite`]: SQLite's file
+//!   tools (snapshots for backups).
 //! - [`front`]: what callers talk to: a deadline on every metadata operation and
 //!   [`group_commit`] of concurrent writes, whatever the backend.
 //! - [`blobs`]: value bytes in object storage (local filesystem by default).
@@ -19,8 +21,8 @@ pub mod front;
 pub mod group_commit;
 pub mod local_lock;
 pub mod metadata;
-pub mod postgres;
 pub mod rules;
+pub mod sql;
 pub mod sqlite;
 pub mod url;
 
@@ -79,22 +81,17 @@ pub async fn open_metadata(
     url: &DatabaseUrl,
     options: &BackendOptions,
 ) -> Result<Arc<dyn MetadataStore>, StoreError> {
-    let store: Arc<dyn MetadataStore> = match url {
-        DatabaseUrl::Sqlite(_) => Arc::new(sqlite::SqliteStore::open(url.expose_secret()).await?),
-        DatabaseUrl::Postgres(_) => Arc::new(
-            postgres::PostgresStore::open(url.expose_secret(), options)
-                .await
-                .map_err(|e| match e {
-                    // Say which database could not be reached (the URL without secrets).
-                    StoreError::Unavailable(m) => StoreError::Unavailable(format!("{url}: {m}")),
-                    StoreError::Database {
-                        unavailable: true,
-                        source,
-                    } => StoreError::Unavailable(format!("{url}: {source}")),
-                    other => other,
-                })?,
-        ),
-    };
+    let store: Arc<dyn MetadataStore> = Arc::new(sql::SqlStore::open(url, options).await.map_err(
+        |e| match e {
+            // Say which database could not be reached (the URL without secrets).
+            StoreError::Unavailable(m) => StoreError::Unavailable(format!("{url}: {m}")),
+            StoreError::Database {
+                unavailable: true,
+                source,
+            } => StoreError::Unavailable(format!("{url}: {source}")),
+            other => other,
+        },
+    )?);
     Ok(Arc::new(front::StoreFront::new(
         store,
         options.timeout,
