@@ -213,16 +213,8 @@ impl MetadataStore for SqlStore {
     }
 
     async fn user(&self, public_key: &str) -> Result<Option<UserRecord>, StoreError> {
-        let row = sqlx::query(&format!(
-            "SELECT {USER_SELECT} FROM users WHERE public_key = $1"
-        ))
-        .bind(public_key)
-        .fetch_optional(&self.reader)
-        .await
-        .map_err(self.err())?;
-        row.as_ref()
-            .map(user_from_row)
-            .transpose()
+        rows::user(&self.reader, public_key, "")
+            .await
             .map_err(self.err())
     }
 
@@ -251,17 +243,8 @@ impl MetadataStore for SqlStore {
     }
 
     async fn entry(&self, user: &str, path: &str) -> Result<Option<EntryRecord>, StoreError> {
-        let row = sqlx::query(&format!(
-            "SELECT {ENTRY_COLUMNS} FROM entries WHERE owner = $1 AND path = $2"
-        ))
-        .bind(user)
-        .bind(path)
-        .fetch_optional(&self.reader)
-        .await
-        .map_err(self.err())?;
-        row.as_ref()
-            .map(entry_from_row)
-            .transpose()
+        rows::entry(&self.reader, user, path)
+            .await
             .map_err(self.err())
     }
 

@@ -76,6 +76,36 @@ pub(super) fn event_from_row(row: &AnyRow) -> Result<EventRecord, sqlx::Error> {
     })
 }
 
+/// `public_key`'s row, on a pool or in a write transaction (`lock`: what holds the row
+/// until the transaction ends, see `Dialect::lock_row`).
+pub(super) async fn user<'e>(
+    executor: impl Executor<'e, Database = Any>,
+    public_key: &str,
+    lock: &str,
+) -> Result<Option<UserRecord>, sqlx::Error> {
+    let sql = format!("SELECT {USER_SELECT} FROM users WHERE public_key = $1{lock}");
+    let row = sqlx::query(&sql)
+        .bind(public_key)
+        .fetch_optional(executor)
+        .await?;
+    row.as_ref().map(user_from_row).transpose()
+}
+
+/// `user`'s entry at `path`, on a pool or in a write transaction.
+pub(super) async fn entry<'e>(
+    executor: impl Executor<'e, Database = Any>,
+    user: &str,
+    path: &str,
+) -> Result<Option<EntryRecord>, sqlx::Error> {
+    let sql = format!("SELECT {ENTRY_COLUMNS} FROM entries WHERE owner = $1 AND path = $2");
+    let row = sqlx::query(&sql)
+        .bind(user)
+        .bind(path)
+        .fetch_optional(executor)
+        .await?;
+    row.as_ref().map(entry_from_row).transpose()
+}
+
 /// Every row through `decode`.
 pub(super) fn decode_all<T>(
     rows: &[AnyRow],

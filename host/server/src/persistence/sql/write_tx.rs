@@ -6,8 +6,7 @@ use sqlx::{Any, Transaction};
 
 use super::dialect::{Dialect, EVENTS_CHANNEL};
 use super::rows::{
-    CHUNK, ENTRY_COLUMNS, Statement, USER_SELECT, decode_all, entry_from_row, to_i64, to_u64,
-    user_from_row,
+    self, CHUNK, ENTRY_COLUMNS, Statement, decode_all, entry_from_row, to_i64, to_u64,
 };
 use crate::persistence::metadata::{
     EntryRecord, NewEvent, ReplayMark, SessionRecord, StoreError, TokenRedemption, UserRecord,
@@ -42,17 +41,8 @@ impl WriteTx for SqlWriteTx {
     }
 
     async fn lock_user(&mut self, public_key: &str) -> Result<Option<UserRecord>, StoreError> {
-        let row = sqlx::query(&format!(
-            "SELECT {USER_SELECT} FROM users WHERE public_key = $1{}",
-            self.dialect.lock_row()
-        ))
-        .bind(public_key)
-        .fetch_optional(&mut *self.tx)
-        .await
-        .map_err(self.err())?;
-        row.as_ref()
-            .map(user_from_row)
-            .transpose()
+        rows::user(&mut *self.tx, public_key, self.dialect.lock_row())
+            .await
             .map_err(self.err())
     }
 
@@ -141,17 +131,8 @@ impl WriteTx for SqlWriteTx {
     }
 
     async fn entry(&mut self, user: &str, path: &str) -> Result<Option<EntryRecord>, StoreError> {
-        let row = sqlx::query(&format!(
-            "SELECT {ENTRY_COLUMNS} FROM entries WHERE owner = $1 AND path = $2"
-        ))
-        .bind(user)
-        .bind(path)
-        .fetch_optional(&mut *self.tx)
-        .await
-        .map_err(self.err())?;
-        row.as_ref()
-            .map(entry_from_row)
-            .transpose()
+        rows::entry(&mut *self.tx, user, path)
+            .await
             .map_err(self.err())
     }
 
