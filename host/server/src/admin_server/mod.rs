@@ -18,21 +18,20 @@ use axum::routing::{get, post, put};
 use axum::{Json, Router};
 use homeserver_protocol::{ErrorCode, PublicKey};
 use serde::{Deserialize, Serialize};
-use sha2::{Digest, Sha256};
-use subtle::ConstantTimeEq;
 
 use crate::context::AppContext;
 use crate::http::error::ApiError;
 use crate::http::extract::PathParam;
 use crate::http::small_body::read_small_body;
 use crate::service::admin::BackendHealth;
+use crate::service::admin_sign_in::{AdminSignIn, Refusal};
 pub use login::{COOKIE, CSRF_HEADER};
 pub use page::OPENAPI;
 
 type AdminState = Arc<AppContext>;
 
 pub fn router(app: AdminState) -> Router {
-    let logins = Arc::new(login::AdminLogins::default());
+    let logins = Arc::new(AdminSignIn::default());
     let api = Router::new()
         .route("/admin/stats", get(stats))
         .route("/admin/users", get(lists::users))
@@ -91,7 +90,7 @@ fn is_open(method: &Method, path: &str) -> bool {
 }
 
 async fn require_admin(
-    State((app, logins)): State<(AdminState, Arc<login::AdminLogins>)>,
+    State((app, logins)): State<(AdminState, Arc<AdminSignIn>)>,
     request: Request,
     next: Next,
 ) -> Response {
@@ -115,17 +114,14 @@ async fn require_admin(
         .and_then(|v| v.to_str().ok())
         .and_then(|v| v.strip_prefix("Bearer "));
     let authorized = match bearer {
-        Some(given) => {
-            if let Some(refused) = logins.refusal(ip) {
-                return refused;
+        Some(given) => match logins.check_password(ip, &app.config.admin.password, given) {
+            Ok(()) => true,
+            Err(refusal @ Refusal::Braked { .. }) => {
+                return login::refused(refusal, "");
             }
-            let right = password_matches(&app, given);
-            if !right {
-                logins.wrong_password(ip);
-            }
-            right
-        }
-        None if logins.is_signed_in(headers) => {
+            Err(Refusal::WrongPassword) => false,
+        },
+        None if login::is_signed_in(&logins, headers) => {
             if headers.get(CSRF_HEADER).is_none_or(|v| v != "1") {
                 return ApiError::new(
                     ErrorCode::InsufficientPermissions,
@@ -166,14 +162,6 @@ fn foreign_host(request: &Request, allowed: &[String]) -> Option<String> {
         || name.eq_ignore_ascii_case("localhost")
         || allowed.iter().any(|a| a.eq_ignore_ascii_case(name));
     (!ok).then(|| host.host().to_owned())
-}
-
-/// Constant-time comparison of SHA-256 digests: the time taken says nothing about the
-/// password, not even its length.
-fn password_matches(app: &AppContext, given: &str) -> bool {
-    let expected = Sha256::digest(app.config.admin.password.expose().as_bytes());
-    let given = Sha256::digest(given.as_bytes());
-    bool::from(expected.ct_eq(&given))
 }
 
 /// The `{public_key}` of a user route, parsed: a malformed key is a JSON 400.

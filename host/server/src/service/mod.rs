@@ -4,6 +4,7 @@
 //! - [`auth`]: signed requests and replay marks.
 //! - [`caller`]: who the request being served proved to be (for the access log).
 //! - [`access`]: who a request acts for and whether the capability policy lets it.
+//! - [`admin_sign_in`]: the admin password, its brake and the admin page's sessions.
 //! - [`sessions`]: capability-limited bearer sessions.
 //! - [`storage`]: PUT, GET, DELETE and listing of entries.
 //! - [`upload_staging`]: bounded memory for uploads whose signature is not proven yet.
@@ -14,6 +15,7 @@
 
 pub mod access;
 pub mod admin;
+pub mod admin_sign_in;
 pub mod auth;
 pub mod backup;
 pub mod caller;
