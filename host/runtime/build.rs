@@ -139,8 +139,10 @@ fn ensure_wasm_target() {
         return;
     };
     let target_lib = sysroot.join("lib/rustlib").join(WASM_TARGET);
-    // Run again when the target is removed (or added): the guests need it.
-    println!("cargo:rerun-if-changed={}", target_lib.display());
+    // Not a rerun-if-changed path: installing the target below makes its folder newer
+    // than this run's start, so cargo would run this script again (and rebuild every
+    // crate that embeds the guests) on the next command. The target is needed only
+    // when the guests are built, and this script runs whenever they change.
     if target_lib.is_dir() {
         return;
     }
