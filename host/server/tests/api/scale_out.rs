@@ -951,7 +951,10 @@ async fn event_order_holds_with_writers_on_both_instances() {
                         .send()
                         .await
                         .unwrap();
-                    assert_eq!(r.status(), 200);
+                    let status = r.status();
+                    // The body says why, should a write ever be refused.
+                    let body = r.text().await.unwrap_or_default();
+                    assert_eq!(status, 200, "write {w} of user {i}: {body}");
                 }
             })
         })
