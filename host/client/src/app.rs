@@ -116,11 +116,7 @@ pub fn decode_post_id(id: &str) -> Option<i64> {
 }
 
 /// The current time in microseconds.
-pub fn now_micros() -> i64 {
-    std::time::SystemTime::now()
-        .duration_since(std::time::UNIX_EPOCH)
-        .map_or(0, |d| i64::try_from(d.as_micros()).unwrap_or(i64::MAX))
-}
+pub use homeserver_protocol::clock::unix_micros as now_micros;
 
 #[cfg(test)]
 mod tests {

@@ -17,18 +17,12 @@
 
 use std::collections::HashSet;
 use std::sync::Mutex;
-use std::time::{SystemTime, UNIX_EPOCH};
 
 use homeserver_protocol::BodyHash;
 use sha2::{Digest, Sha256};
 
 /// Current Unix time in seconds (0 if the system clock is before 1970).
-pub fn unix_now() -> u64 {
-    SystemTime::now()
-        .duration_since(UNIX_EPOCH)
-        .map(|d| d.as_secs())
-        .unwrap_or(0)
-}
+pub use homeserver_protocol::clock::unix_secs as unix_now;
 
 /// Hands out timestamps for signed writes; one per client instance.
 #[derive(Debug)]

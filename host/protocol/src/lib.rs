@@ -11,6 +11,7 @@
 //! - [`wire`]: JSON bodies of the storage API (put/delete/list results, sessions, events).
 
 pub mod capability;
+pub mod clock;
 pub mod error;
 pub mod event;
 pub mod keys;

@@ -668,9 +668,7 @@ impl Consumer for RedisConsumer {
         self.working().remove(&delivery.id);
         let mut conn = self.shared.conn.clone();
         self.shared.ops.count("dead_letter");
-        let at = std::time::SystemTime::now()
-            .duration_since(std::time::UNIX_EPOCH)
-            .map_or(0, |d| d.as_secs());
+        let at = homeserver_protocol::clock::unix_secs();
         let letter: String = redis::Script::new(DEAD_LETTER)
             .key(&self.stream)
             .key(self.shared.failures_key())

@@ -139,13 +139,7 @@ impl Index for NexusIndex {
         let after: i64 = position.and_then(|p| p.parse().ok()).unwrap_or(0);
         // Newest first: page down from now to just above `after`, the whole backlog (the
         // position moves past all of it), but not to what is too old to answer.
-        let now_ms = i64::try_from(
-            std::time::SystemTime::now()
-                .duration_since(std::time::UNIX_EPOCH)
-                .unwrap_or_default()
-                .as_millis(),
-        )
-        .unwrap_or(i64::MAX);
+        let now_ms = homeserver_protocol::clock::unix_millis();
         let too_old =
             now_ms.saturating_sub(i64::try_from(self.max_age.as_millis()).unwrap_or(i64::MAX));
         let mut found: Vec<(i64, PostUri)> = Vec::new();

@@ -136,11 +136,7 @@ pub struct Store {
     query_seconds: Histogram,
 }
 
-pub fn now_secs() -> i64 {
-    std::time::SystemTime::now()
-        .duration_since(std::time::UNIX_EPOCH)
-        .map_or(0, |d| i64::try_from(d.as_secs()).unwrap_or(i64::MAX))
-}
+pub use homeserver_protocol::clock::unix_secs_i64 as now_secs;
 
 /// A count or size as the database's integer.
 fn int(n: impl TryInto<i64>) -> i64 {

@@ -11,12 +11,12 @@
 
 use std::net::{IpAddr, SocketAddr};
 use std::num::NonZeroU32;
-use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 use axum::http::HeaderMap;
 use governor::clock::{Clock, DefaultClock};
 use governor::middleware::StateInformationMiddleware;
 use governor::{Quota, RateLimiter};
+use homeserver_protocol::clock::unix_secs as unix_now;
 
 use crate::config::RateLimitConfig;
 
@@ -124,13 +124,6 @@ pub struct RateLimits {
     authenticated: Limit<Caller>,
     token_check: Limit<IpAddr>,
     trusted_proxies: Vec<IpAddr>,
-}
-
-fn unix_now() -> u64 {
-    SystemTime::now()
-        .duration_since(UNIX_EPOCH)
-        .unwrap_or(Duration::ZERO)
-        .as_secs()
 }
 
 impl RateLimits {

@@ -16,7 +16,7 @@
 
 use std::path::{Path as FsPath, PathBuf};
 use std::sync::Arc;
-use std::time::{Duration, SystemTime};
+use std::time::Duration;
 
 use bytes::Bytes;
 use futures_util::stream::BoxStream;
@@ -478,9 +478,7 @@ fn metadata_error(e: super::StoreError) -> BlobError {
 }
 
 fn chrono_cutoff(min_age: Duration) -> i64 {
-    let now = SystemTime::now()
-        .duration_since(SystemTime::UNIX_EPOCH)
-        .unwrap_or_default();
+    let now = homeserver_protocol::clock::since_epoch();
     i64::try_from(now.saturating_sub(min_age).as_secs()).unwrap_or(i64::MAX)
 }
 

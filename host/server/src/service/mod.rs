@@ -35,9 +35,4 @@ pub mod visibility;
 pub use error::ServiceError;
 
 /// Current Unix time in seconds.
-pub fn now_secs() -> i64 {
-    std::time::SystemTime::now()
-        .duration_since(std::time::UNIX_EPOCH)
-        .map(|d| i64::try_from(d.as_secs()).unwrap_or(i64::MAX))
-        .unwrap_or(0)
-}
+pub use homeserver_protocol::clock::unix_secs_i64 as now_secs;
