@@ -870,6 +870,9 @@ fn isolated_calls_wait_for_a_guest_thread_then_fail_closed() {
         PolicyRuntime::load(RuntimeConfig {
             guest_threads: 1,
             guest_wait: Duration::from_millis(20),
+            // Long enough that the looping call surely holds the thread when the second
+            // call is made, however loaded the machine.
+            call_deadline: Duration::from_secs(3),
             ..config(dir.path())
         })
         .unwrap(),
@@ -888,8 +891,9 @@ fn isolated_calls_wait_for_a_guest_thread_then_fail_closed() {
                     .await
             }
         });
-        // The looping call holds the only guest thread; this one gives up waiting.
-        tokio::time::sleep(Duration::from_millis(5)).await;
+        // The looping call holds the only guest thread (from its start to its 3 s
+        // deadline); this one gives up waiting.
+        tokio::time::sleep(Duration::from_millis(500)).await;
         let busy = runtime
             .authorize_isolated(owner(Operation::Read, "/pub/ok"))
             .await
