@@ -293,17 +293,23 @@ impl Store {
         let token = self.fence.current()?;
         let done = {
             let _t = self.timed();
+            // The confidence goes as a flag and a number, never as a NULL number:
+            // sqlx's Any driver (0.8.6) sends a NULL double as a PostgreSQL `float4`,
+            // the connection keeps the statement prepared with that type, and the
+            // next decision with a confidence (8 bytes) on that connection was
+            // refused ("incorrect binary data format in bind parameter 4").
             sqlx::query(&format!(
                 "INSERT INTO routing_decisions (mention_id, method, action_type, confidence, \
                  reasoning, notice, effect, thread_root, created_at) \
-                 SELECT $1, $2, $3, $4, $5, $6, $7, $8, $9 WHERE {} \
+                 SELECT $1, $2, $3, CASE WHEN $4 THEN $5 END, $6, $7, $8, $9, $10 WHERE {} \
                  ON CONFLICT (mention_id) DO NOTHING",
-                self.fenced(10)
+                self.fenced(11)
             ))
             .bind(&d.mention_id)
             .bind(d.method.as_str())
             .bind(d.action.as_str())
-            .bind(d.confidence.map(f64::from))
+            .bind(d.confidence.is_some())
+            .bind(d.confidence.map_or(0.0, f64::from))
             .bind(&d.reasoning)
             .bind(&d.notice)
             .bind(d.effect.map(Effect::as_str))

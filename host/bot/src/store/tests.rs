@@ -125,6 +125,36 @@ async fn mentions_are_taken_once_and_finished_states_stay() {
     }
 }
 
+/// Decisions with and without a confidence, one after the other on the same
+/// connection: a NULL number must not fix the type the next decision's number is sent
+/// as (it did on PostgreSQL through sqlx's Any driver, and an AI-routed mention after
+/// a keyword-routed one failed to be stored).
+#[tokio::test]
+async fn decisions_with_and_without_a_confidence_are_stored_alike() {
+    for s in stores("decisions_with_and_without_a_confidence").await {
+        let store = &s.store;
+        for i in 0..6 {
+            let id = format!("c{i}");
+            store.insert_mention(&mention(&id)).await.unwrap();
+            let mut d = decision(&id, "root");
+            d.confidence = (i % 2 == 1).then_some(0.25 * i as f32);
+            d.method = if d.confidence.is_some() {
+                Method::Llm
+            } else {
+                Method::Heuristic
+            };
+            let stored = store
+                .decide(&d)
+                .await
+                .unwrap_or_else(|e| panic!("decision {i} on {:?}: {e}", store.dialect()));
+            assert_eq!(stored.confidence, d.confidence, "{:?}", store.dialect());
+            let read = store.routing_decision(&id).await.unwrap().unwrap();
+            assert_eq!(read.confidence, d.confidence);
+            assert_eq!(read.method, d.method);
+        }
+    }
+}
+
 #[tokio::test]
 async fn an_action_succeeds_once_whoever_finishes_second() {
     for s in stores("an_action_succeeds_once").await {
