@@ -1,6 +1,8 @@
-//! The query strings of listings (`GET <prefix>/`), the event feed (`GET /events/`) and
-//! event streams (`GET /events-stream`): each parameter's name, its limits, how it is
-//! written (clients, the load generator) and how it is read (the server), in one place.
+//! The query strings of listings (`GET <prefix>/`), the event feed (`GET /events/`),
+//! event streams (`GET /events-stream`) and the admin API's lists (`GET /admin/users`,
+//! `/admin/signup_tokens`, `/admin/events`): each parameter's name, its limits, how it
+//! is written (clients, the load generator) and how it is read (the server), in one
+//! place.
 //!
 //! Reading refuses what the server refuses, with the message it answers; writing sends
 //! what it is given (a limit out of range goes out as it is, so the server's message is
@@ -9,7 +11,7 @@
 
 use form_urlencoded::Serializer;
 
-use crate::keys::PublicKey;
+use crate::keys::{PublicKey, is_z32_prefix};
 use crate::path::{PathError, StoragePath};
 
 /// Largest page of a listing.
@@ -24,6 +26,8 @@ pub const DEFAULT_FEED_LIMIT: u32 = 100;
 pub const MAX_STREAM_LIMIT: u32 = 65535;
 /// Most users one stream may follow.
 pub const MAX_STREAM_USERS: usize = 50;
+/// Largest page of the admin API's lists.
+pub const MAX_ADMIN_PAGE: u32 = 1000;
 
 #[derive(Debug, thiserror::Error, PartialEq, Eq)]
 pub enum QueryError {
@@ -333,10 +337,108 @@ impl StreamQuery {
     }
 }
 
+/// Paging of an admin API list: `limit`, `cursor` and, for users, `prefix` (the start
+/// of a key). Each list takes some of them; the admin API refuses any other parameter
+/// (an operator's typo would otherwise list everything).
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct AdminListQuery {
+    /// Page size, 1..=[`MAX_ADMIN_PAGE`]; the list's default when `None`.
+    pub limit: Option<u32>,
+    /// The last key or token of the previous page; empty is none.
+    pub cursor: Option<String>,
+    /// Keys starting with this z-base-32 text.
+    pub prefix: Option<String>,
+}
+
+impl AdminListQuery {
+    /// The query string (without `?`), or `None` when every option has its default.
+    pub fn to_query(&self) -> Option<String> {
+        let mut query = Serializer::new(String::new());
+        if let Some(limit) = self.limit {
+            query.append_pair("limit", &limit.to_string());
+        }
+        if let Some(cursor) = &self.cursor {
+            query.append_pair("cursor", cursor);
+        }
+        if let Some(prefix) = &self.prefix {
+            query.append_pair("prefix", prefix);
+        }
+        let query = query.finish();
+        (!query.is_empty()).then_some(query)
+    }
+
+    /// Reads a list's query, taking only the parameters in `allowed`.
+    pub fn parse(query: &str, allowed: &[&str]) -> Result<Self, QueryError> {
+        let mut options = Self::default();
+        for (key, value) in pairs(query) {
+            if !allowed.contains(&key.as_str()) {
+                return Err(invalid(format!(
+                    "unknown query parameter `{key}` (allowed: {})",
+                    allowed.join(", ")
+                )));
+            }
+            match key.as_str() {
+                "limit" => {
+                    let limit = value
+                        .parse::<u32>()
+                        .ok()
+                        .filter(|l| (1..=MAX_ADMIN_PAGE).contains(l))
+                        .ok_or_else(|| {
+                            invalid(format!(
+                                "limit must be an integer from 1 to {MAX_ADMIN_PAGE}, got `{value}`"
+                            ))
+                        })?;
+                    options.limit = Some(limit);
+                }
+                "cursor" => options.cursor = Some(value).filter(|v| !v.is_empty()),
+                "prefix" => {
+                    if !is_z32_prefix(&value) {
+                        return Err(invalid(format!(
+                            "prefix must be the start of a z-base-32 public key (at most 52 \
+                             of `ybndrfg8ejkmcpqxot1uwisza345h769`), got `{value}`"
+                        )));
+                    }
+                    options.prefix = Some(value);
+                }
+                _ => {}
+            }
+        }
+        Ok(options)
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
     use crate::Keypair;
+
+    #[test]
+    fn admin_lists_refuse_what_they_do_not_take() {
+        let all = ["prefix", "cursor", "limit"];
+        for bad in ["limit=0", "limit=1001", "limit=x", "prefix=l", "prefix=YB"] {
+            assert!(AdminListQuery::parse(bad, &all).is_err(), "{bad}");
+        }
+        let Err(QueryError::Invalid(message)) = AdminListQuery::parse("cursor=a", &["limit"])
+        else {
+            panic!("an unknown parameter is refused");
+        };
+        assert_eq!(message, "unknown query parameter `cursor` (allowed: limit)");
+        let query = AdminListQuery::parse("limit=5&cursor=&prefix=yb", &all).unwrap();
+        assert_eq!(
+            query,
+            AdminListQuery {
+                limit: Some(5),
+                cursor: None,
+                prefix: Some("yb".into())
+            }
+        );
+        assert_eq!(query.to_query().unwrap(), "limit=5&prefix=yb");
+        assert_eq!(
+            AdminListQuery::parse(&query.to_query().unwrap(), &all).unwrap(),
+            query
+        );
+        assert_eq!(AdminListQuery::default().to_query(), None);
+    }
 
     fn key(seed: u8) -> PublicKey {
         Keypair::from_seed(&[seed; 32]).public_key()

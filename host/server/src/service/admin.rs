@@ -68,9 +68,6 @@ pub struct RecentEvent {
     pub created_at: String,
 }
 
-/// Largest page of the admin lists.
-pub const MAX_ADMIN_PAGE: u32 = 1000;
-
 /// One backing store's state, for `GET /admin/stats`.
 #[derive(Debug, Clone, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
 pub struct StoreHealth {
