@@ -3,6 +3,8 @@
 //! (both databases read them; sqlx's `QueryBuilder` writes `?` for the Any driver,
 //! which PostgreSQL does not read).
 
+use std::fmt::Write as _;
+
 use homeserver_protocol::event::EventKind;
 use sqlx::any::{AnyArguments, AnyQueryResult, AnyRow};
 use sqlx::error::BoxDynError;
@@ -183,8 +185,8 @@ impl<'q> Statement<'q> {
             self.failed.get_or_insert(e);
         }
         self.count += 1;
-        self.sql.push('$');
-        self.sql.push_str(&self.count.to_string());
+        // Writing to a String cannot fail.
+        let _ = write!(self.sql, "${}", self.count);
         self
     }
 
