@@ -102,8 +102,8 @@ pub struct WorkersConfig {
     pub factcheck_concurrency: usize,
     /// Replies published at once (by the leader).
     pub publisher_concurrency: usize,
-    /// Mentions routed at once (by the leader): mentions of one author or one thread
-    /// are still decided one at a time, in order.
+    /// Mentions routed at once (by the leader), in lanes by author: one author's
+    /// mentions are decided one at a time, in the order they came in.
     pub router_concurrency: usize,
     /// How often mentions a passing failure left unanswered are tried again.
     pub redrive_interval_secs: u64,

@@ -12,6 +12,10 @@
 //! leader that died right there leaves, with this process still running);
 //! `skip:stop-on-lease-loss` keeps a leader's stages running after it lost its lease
 //! (what only the fence then stops).
+//!
+//! `PKBOT_FAILPOINT=jitter:<name>` makes every pass of the point wait a random 0 to
+//! 50 ms (what a busy database or guest does now and then): `jitter:route`, before the
+//! router decides, shows whether mentions are still decided in the order they came in.
 
 use std::sync::OnceLock;
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -36,4 +40,14 @@ pub fn skip(point: &str) -> bool {
     static SKIPPED: AtomicBool = AtomicBool::new(false);
     armed().and_then(|a| a.strip_prefix("skip:")) == Some(point)
         && !SKIPPED.swap(true, Ordering::SeqCst)
+}
+
+/// Waits a random 0 to 50 ms when `PKBOT_FAILPOINT` is `jitter:<point>`.
+pub async fn jitter(point: &str) {
+    if armed().and_then(|a| a.strip_prefix("jitter:")) == Some(point) {
+        let mut byte = [0u8; 1];
+        let _ = getrandom::fill(&mut byte);
+        let millis = u64::from(byte[0]) * 50 / 255;
+        tokio::time::sleep(std::time::Duration::from_millis(millis)).await;
+    }
 }

@@ -83,7 +83,7 @@ pub async fn start(
 ) -> Result<(), StageError> {
     let in_flight = Arc::new(InFlight::default());
     if role != Role::Worker(ActionType::Summary) && role != Role::Worker(ActionType::Factcheck) {
-        consume(
+        consume_in_lanes(
             ctx,
             &in_flight,
             tasks,
@@ -201,46 +201,152 @@ where
             in_flight.clone(),
         );
         tasks.spawn(async move {
-            let mut pause = Duration::from_millis(100);
-            loop {
-                if let Err(e) = ctx.store.fence().current() {
-                    // A leader past its lease takes no more messages (its tasks are
-                    // being stopped; whatever it still holds goes to the new leader).
-                    tracing::warn!(stream = topic.name(), error = %e, "the consumer stops");
-                    return;
-                }
-                let delivery = match consumer.next(&stop).await {
-                    Ok(Some(d)) => d,
-                    Ok(None) => return,
-                    Err(e) => {
-                        // Redis away: wait (growing) and read again.
-                        tracing::warn!(stream = topic.name(), error = %e, "cannot read the bus");
-                        tokio::select! {
-                            _ = stop.cancelled() => return,
-                            _ = tokio::time::sleep(pause) => {}
-                        }
-                        pause = (pause * 2).min(Duration::from_secs(5));
-                        continue;
-                    }
-                };
-                pause = Duration::from_millis(100);
-                if ctx.store.fence().current().is_err() {
-                    // Handed out while this process lost the lease: not tried here.
-                    let _ = consumer.release(&delivery).await;
-                    return;
-                }
+            while let Some(delivery) = next_delivery(&ctx, consumer.as_ref(), &stop, topic).await {
+                deliver_tracked(&ctx, &in_flight, consumer.as_ref(), delivery, &handler).await;
+            }
+        });
+    }
+    Ok(())
+}
+
+/// Deliveries a lane may have waiting (beyond the one it handles).
+const LANE_QUEUE: usize = 4;
+
+/// The router's consumers: one reader takes the messages in the order they came in and
+/// hands each to one of `lanes` lanes, chosen by the mention's author, and each lane
+/// handles its messages one at a time. So one author's mentions are decided in the
+/// order they came in (the per-user limit and the opt-outs answer the earlier one
+/// first), while different authors' are decided side by side.
+async fn consume_in_lanes<F, Fut>(
+    ctx: &Arc<BotContext>,
+    in_flight: &Arc<InFlight>,
+    tasks: &mut JoinSet<()>,
+    stop: &CancellationToken,
+    topic: Topic,
+    lanes: usize,
+    handler: F,
+) -> Result<(), StageError>
+where
+    F: Fn(Arc<BotContext>, Message) -> Fut + Clone + Send + Sync + 'static,
+    Fut: Future<Output = Result<(), StageError>> + Send + 'static,
+{
+    let consumer = ctx.bus.consumer(topic).await?;
+    let mut senders = Vec::new();
+    for _ in 0..lanes.max(1) {
+        let (tx, mut rx) = tokio::sync::mpsc::channel::<Delivery>(LANE_QUEUE);
+        senders.push(tx);
+        let (ctx, stop, handler, in_flight, consumer) = (
+            ctx.clone(),
+            stop.clone(),
+            handler.clone(),
+            in_flight.clone(),
+            consumer.clone(),
+        );
+        tasks.spawn(async move {
+            while let Some(delivery) = rx.recv().await {
                 let id = delivery.mention_id().map(str::to_owned);
-                if let Some(id) = &id {
-                    in_flight.set().insert(id.clone());
+                if stop.is_cancelled() || ctx.store.fence().current().is_err() {
+                    // Stopping, or no longer the leader: what waits here is let go
+                    // untried (another consumer takes it after the claim time).
+                    let _ = consumer.release(&delivery).await;
+                } else {
+                    deliver(&ctx, consumer.as_ref(), delivery, &handler).await;
                 }
-                deliver(&ctx, consumer.as_ref(), delivery, &handler).await;
                 if let Some(id) = &id {
                     in_flight.set().remove(id);
                 }
             }
         });
     }
+    let (ctx, stop, in_flight) = (ctx.clone(), stop.clone(), in_flight.clone());
+    tasks.spawn(async move {
+        while let Some(delivery) = next_delivery(&ctx, consumer.as_ref(), &stop, topic).await {
+            // In flight from now: a re-drive leaves a mention waiting in a lane alone.
+            if let Some(id) = delivery.mention_id() {
+                in_flight.set().insert(id.to_owned());
+            }
+            let lane = &senders[lane_of(&delivery, senders.len())];
+            if let Err(unsent) = lane.send(delivery).await {
+                let _ = consumer.release(&unsent.0).await;
+                return;
+            }
+        }
+        // Dropping the senders ends the lanes once they have emptied their queues.
+    });
     Ok(())
+}
+
+/// The next delivery for a consumer's loop, or None when the loop is to end (stopped,
+/// or this process lost the leader lease). While the bus cannot be read, it waits
+/// (longer each time) and reads again.
+async fn next_delivery(
+    ctx: &BotContext,
+    consumer: &dyn Consumer,
+    stop: &CancellationToken,
+    topic: Topic,
+) -> Option<Delivery> {
+    let mut pause = Duration::from_millis(100);
+    loop {
+        if let Err(e) = ctx.store.fence().current() {
+            // A leader past its lease takes no more messages (its tasks are being
+            // stopped; whatever it still holds goes to the new leader).
+            tracing::warn!(stream = topic.name(), error = %e, "the consumer stops");
+            return None;
+        }
+        match consumer.next(stop).await {
+            Ok(Some(delivery)) => {
+                if ctx.store.fence().current().is_err() {
+                    // Handed out while this process lost the lease: not tried here.
+                    let _ = consumer.release(&delivery).await;
+                    return None;
+                }
+                return Some(delivery);
+            }
+            Ok(None) => return None,
+            Err(e) => {
+                // Redis away: wait (growing) and read again.
+                tracing::warn!(stream = topic.name(), error = %e, "cannot read the bus");
+                tokio::select! {
+                    _ = stop.cancelled() => return None,
+                    _ = tokio::time::sleep(pause) => {}
+                }
+                pause = (pause * 2).min(Duration::from_secs(5));
+            }
+        }
+    }
+}
+
+/// [`deliver`], with the mention in the in-flight set meanwhile.
+async fn deliver_tracked<F, Fut>(
+    ctx: &Arc<BotContext>,
+    in_flight: &InFlight,
+    consumer: &dyn Consumer,
+    delivery: Delivery,
+    handler: &F,
+) where
+    F: Fn(Arc<BotContext>, Message) -> Fut,
+    Fut: Future<Output = Result<(), StageError>>,
+{
+    let id = delivery.mention_id().map(str::to_owned);
+    if let Some(id) = &id {
+        in_flight.set().insert(id.clone());
+    }
+    deliver(ctx, consumer, delivery, handler).await;
+    if let Some(id) = &id {
+        in_flight.set().remove(id);
+    }
+}
+
+/// The lane of a delivery: by its mention's author (a message that cannot be read
+/// goes to the first lane, which dead-letters it).
+fn lane_of(delivery: &Delivery, lanes: usize) -> usize {
+    use std::hash::{Hash, Hasher};
+    let Ok(Message::MentionReceived(m)) = &delivery.message else {
+        return 0;
+    };
+    let mut hasher = std::collections::hash_map::DefaultHasher::new();
+    m.author_pubky.hash(&mut hasher);
+    (hasher.finish() % lanes.max(1) as u64) as usize
 }
 
 /// Handles one delivery; then acknowledges it, leaves it for another try or

@@ -50,6 +50,7 @@ pub async fn handle(ctx: Arc<BotContext>, mention_id: String) -> Result<(), Stag
     let decision = match ctx.store.routing_decision(&mention.id).await? {
         Some(earlier) => earlier,
         None => {
+            crate::failpoint::jitter("route").await;
             let thread_root = thread_root(&ctx, &mention).await?;
             // Mentions of one author or in one thread are decided one at a time: each
             // sees the decisions before it (the caps, opt-outs, the rate limit).

@@ -256,6 +256,57 @@ async fn opt_out_rate_limit_and_thread_cap() {
     assert_eq!(answered, 2, "the thread cap is 2");
 }
 
+/// A burst of one author's mentions, routed in several lanes
+/// (`workers.router_concurrency` 8), each decision after a random wait of up to 50 ms
+/// (`jitter:route`): they are decided in the order they were posted, so the per-user
+/// limit answers the first three, pauses the fourth and leaves the rest.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn one_authors_burst_is_decided_in_the_order_it_was_posted() {
+    let Some(bin) = homeserver_binary_or_skip("one_authors_burst") else {
+        return;
+    };
+    let dir = tempfile::tempdir().unwrap();
+    let hs = Homeserver::start(&bin, &dir.path().join("hs"));
+    let bot = BotProcess::start(
+        &hs.url,
+        &dir.path().join("bot"),
+        &[
+            ("PKBOT__LIMITS__PER_USER_ACTIONS", "3"),
+            ("PKBOT__LIMITS__PER_THREAD_REPLIES", "100"),
+            ("PKBOT__WORKERS__ROUTER_CONCURRENCY", "8"),
+            ("PKBOT_FAILPOINT", "jitter:route"),
+        ],
+    );
+    let reader = PkClient::new(&hs.url, None).unwrap();
+    let handle = format!("pk:{}", bot.key);
+    let grace = User::new(&hs.url).await;
+    let root = grace
+        .post(
+            "The river is wide here, and the boats on the river are slow.",
+            None,
+        )
+        .await;
+    let mut mentions = Vec::new();
+    for _ in 0..8 {
+        mentions.push(grace.post(&format!("tl;dr {handle}"), Some(&root)).await);
+    }
+    for (i, mention) in mentions.iter().enumerate() {
+        let (status, error) = bot.finished(mention).await;
+        assert_eq!(status, "completed", "mention {i}: {error:?}");
+        if i < 4 {
+            let reply = reply_to(&reader, &bot, mention).await.content;
+            let expected = if i < 3 { "Local summary" } else { "pausing" };
+            assert!(reply.contains(expected), "mention {i}: {reply}");
+        } else {
+            assert!(
+                error.unwrap_or_default().contains("rate limit"),
+                "mention {i} is past the limit"
+            );
+            assert!(replies_to(&reader, bot.key, mention).await.is_empty());
+        }
+    }
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn ai_and_search_providers_over_their_wire_formats() {
     let Some(bin) = homeserver_binary_or_skip("ai_and_search_providers") else {
