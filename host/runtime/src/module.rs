@@ -15,6 +15,7 @@
 //! (the WIT requires `authorize` to depend on its request and config only), so a hot
 //! public GET costs a cache lookup, not a guest call.
 
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Instant, SystemTime};
 
@@ -53,6 +54,14 @@ impl quick_cache::Weighter<PublicQuestion, Decision> for DecisionBytes {
 }
 
 type PublicDecisions = quick_cache::sync::Cache<PublicQuestion, Decision, DecisionBytes>;
+
+/// Numbers the modules as they are loaded (from 1), so an answer remembered outside
+/// the module can say which module gave it.
+static GENERATIONS: AtomicU64 = AtomicU64::new(1);
+
+fn next_generation() -> u64 {
+    GENERATIONS.fetch_add(1, Ordering::Relaxed)
+}
 
 fn public_decisions() -> PublicDecisions {
     quick_cache::sync::Cache::with_weighter(
@@ -211,6 +220,9 @@ pub(crate) struct LoadedModule {
     idle: Mutex<Vec<Warm>>,
     /// Answers to public reads (0.2.0 policies only); they go with the module.
     pub(crate) public_decisions: PublicDecisions,
+    /// This module's number, unique in the process: answers given by one module stay
+    /// right as long as it is the one loaded.
+    pub(crate) generation: u64,
 }
 
 impl LoadedModule {
@@ -246,6 +258,7 @@ impl LoadedModule {
             pool,
             idle: Mutex::new(Vec::new()),
             public_decisions: public_decisions(),
+            generation: next_generation(),
         })
     }
 
@@ -260,6 +273,7 @@ impl LoadedModule {
             pool: self.pool,
             idle: Mutex::new(Vec::new()),
             public_decisions: public_decisions(),
+            generation: next_generation(),
         }
     }
 

@@ -478,6 +478,15 @@ impl PolicyRuntime {
         })
     }
 
+    /// Which capability-policy module answers now (0: none is loaded). Its public
+    /// answers hold while this number stays; a swap or a reload changes it. Callers
+    /// that remember public answers (the event hub, once per event for every
+    /// subscriber) keep them with this number.
+    pub fn public_answers_generation(&self) -> u64 {
+        self.module(Slot::CapabilityPolicy)
+            .map_or(0, |m| m.generation)
+    }
+
     /// Asks about several requests (the entries of a public listing's page, the events
     /// of a stream's batch) in one guest-thread visit; the answers are in the requests'
     /// order. Those answered before are not asked again, and a public question is put

@@ -202,6 +202,8 @@ impl AppContext {
         )
         .await?;
         let sessions = SessionService::new(metadata.clone());
+        let access = AccessControl::new(sessions.clone(), policy.clone());
+        events.answer_public_questions_with(access.public_filter());
         let pkarr_board = Arc::new(PkarrBoard::default());
         Ok(Self {
             storage: StorageService::new(
@@ -219,7 +221,7 @@ impl AppContext {
                 entry_cache,
                 sessions.clone(),
             ),
-            access: AccessControl::new(sessions, policy.clone()),
+            access,
             metrics: Arc::new(Metrics::new(Some(policy.clone()))?),
             policy,
             rate_limits: RateLimits::new(&config.rate_limit),

@@ -126,14 +126,18 @@ impl AccessControl {
     /// through paths (public listings and event streams).
     pub fn public_filter(&self) -> PublicFilter {
         let access = self.clone();
-        PublicFilter::new(Arc::new(move |items: Vec<(String, String)>| {
-            let access = access.clone();
-            Box::pin(async move {
-                access
-                    .public_can_read(items.iter().map(|(u, p)| (u.as_str(), p.as_str())))
-                    .await
-            })
-        }))
+        let policy = self.policy.clone();
+        PublicFilter::new(
+            Arc::new(move |items: Vec<(String, String)>| {
+                let access = access.clone();
+                Box::pin(async move {
+                    access
+                        .public_can_read(items.iter().map(|(u, p)| (u.as_str(), p.as_str())))
+                        .await
+                })
+            }),
+            Arc::new(move || policy.public_answers_generation()),
+        )
     }
 
     /// Whether the public may read each `(user, path)`, asked as a GET (a listing when

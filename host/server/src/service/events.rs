@@ -12,6 +12,7 @@
 //! thousand subscribers cost one database query per commit batch, not a thousand.
 
 use std::collections::VecDeque;
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, RwLock};
 use std::time::Duration;
 
@@ -46,18 +47,39 @@ pub fn to_wire(e: &EventRecord) -> Event {
     }
 }
 
-/// An event as subscribers get it: the record, and its SSE frame, made once (by the
-/// tailer, for the ring) and shared by every subscriber that sends it.
+/// An event as subscribers get it: the record, its SSE frame and whether the public may
+/// see it, each made once (by the tailer, for the ring; the answer by the first
+/// subscriber that asks) and shared by every subscriber that sends it.
 #[derive(Debug)]
 pub struct HubEvent {
     pub record: EventRecord,
     pub frame: Bytes,
+    /// The policy's public answer for this event's path, with the policy that gave it:
+    /// `generation << 1 | allowed`, 0 while nobody asked.
+    public: AtomicU64,
 }
 
 impl HubEvent {
     pub fn new(record: EventRecord) -> Arc<Self> {
         let frame = Bytes::from(to_wire(&record).sse_frame());
-        Arc::new(Self { record, frame })
+        Arc::new(Self {
+            record,
+            frame,
+            public: AtomicU64::new(0),
+        })
+    }
+
+    /// Whether the public may see this event, if the policy `generation` answered.
+    fn public_answer(&self, generation: u64) -> Option<bool> {
+        let known = self.public.load(Ordering::Relaxed);
+        (generation != 0 && known >> 1 == generation).then_some(known & 1 == 1)
+    }
+
+    fn remember_public_answer(&self, generation: u64, allowed: bool) {
+        if generation != 0 {
+            self.public
+                .store(generation << 1 | u64::from(allowed), Ordering::Relaxed);
+        }
     }
 }
 
@@ -85,6 +107,9 @@ pub struct EventHub {
     stop: CancellationToken,
     /// How often the tailer looks without being told.
     poll_interval: Duration,
+    /// The policy's public answers: the tailer asks them once per new event, before
+    /// subscribers wake, so a thousand public subscribers do not ask a thousand times.
+    public: std::sync::OnceLock<PublicFilter>,
 }
 
 /// What a subscriber asked for.
@@ -190,7 +215,39 @@ impl EventHub {
             wake: Notify::new(),
             stop,
             poll_interval,
+            public: std::sync::OnceLock::new(),
         }))
+    }
+
+    /// Lets the tailer ask the policy's public answers for new events, once each (what
+    /// public subscribers would otherwise each ask). Set once; later calls change nothing.
+    pub fn answer_public_questions_with(&self, filter: PublicFilter) {
+        let _ = self.public.set(filter);
+    }
+
+    /// Asks the public answers of new events once, for every subscriber, and keeps them
+    /// on the events. A failure is only logged: each subscriber then asks itself and
+    /// gets the error.
+    async fn answer_public_questions(&self, events: &[Arc<HubEvent>]) {
+        let Some(filter) = self.public.get() else {
+            return;
+        };
+        if events.is_empty() || self.subscribers() == 0 {
+            return;
+        }
+        let generation = filter.generation();
+        let questions = events
+            .iter()
+            .map(|e| (e.user.clone(), e.path.clone()))
+            .collect();
+        match filter.visible(questions).await {
+            Ok(answers) => {
+                for (event, allowed) in events.iter().zip(answers) {
+                    event.remember_public_answer(generation, allowed);
+                }
+            }
+            Err(e) => tracing::debug!(error = %e, "public answers for new events not known yet"),
+        }
     }
 
     /// Tells the tailer that this process committed an event.
@@ -252,9 +309,11 @@ impl EventHub {
             for event in &batch {
                 self.entry_cache.invalidate(&event.user, &event.path);
             }
+            let batch: Vec<Arc<HubEvent>> = batch.into_iter().map(HubEvent::new).collect();
+            self.answer_public_questions(&batch).await;
             {
                 let mut ring = self.ring.write().unwrap_or_else(|p| p.into_inner());
-                ring.events.extend(batch.into_iter().map(HubEvent::new));
+                ring.events.extend(batch);
                 while ring.events.len() > self.ring_capacity {
                     if let Some(old) = ring.events.pop_front() {
                         ring.floor = old.cursor;
@@ -389,20 +448,33 @@ impl Cursoring {
         mut batch: Vec<Arc<HubEvent>>,
     ) -> Result<Vec<Arc<HubEvent>>, ServiceError> {
         if let Some(filter) = &self.subscription.visible {
-            let questions = batch
-                .iter()
-                .map(|e| (e.user.clone(), e.path.clone()))
-                .collect();
-            match filter.visible(questions).await {
-                Ok(shown) => {
-                    let mut shown = shown.into_iter();
-                    batch.retain(|_| shown.next().unwrap_or(false));
-                }
-                Err(e) => {
-                    self.done = true;
-                    return Err(e);
+            // The answer does not depend on the subscriber (all of them are the
+            // public): the first to ask about an event keeps the answer on it, with
+            // the policy that gave it, for the others.
+            let generation = filter.generation();
+            let mut shown: Vec<Option<bool>> =
+                batch.iter().map(|e| e.public_answer(generation)).collect();
+            let open: Vec<usize> = (0..batch.len()).filter(|&i| shown[i].is_none()).collect();
+            if !open.is_empty() {
+                let questions = open
+                    .iter()
+                    .map(|&i| (batch[i].user.clone(), batch[i].path.clone()))
+                    .collect();
+                match filter.visible(questions).await {
+                    Ok(answers) => {
+                        for (&i, allowed) in open.iter().zip(answers) {
+                            batch[i].remember_public_answer(generation, allowed);
+                            shown[i] = Some(allowed);
+                        }
+                    }
+                    Err(e) => {
+                        self.done = true;
+                        return Err(e);
+                    }
                 }
             }
+            let mut shown = shown.into_iter();
+            batch.retain(|_| shown.next().flatten().unwrap_or(false));
         }
         if let Some(remaining) = &mut self.remaining {
             batch.truncate(*remaining as usize);
@@ -599,12 +671,9 @@ mod tests {
         ));
     }
 
-    /// A subscriber that falls further behind than the ring holds is served from the
-    /// database: it still gets every event once, in order.
-    #[tokio::test]
-    async fn slow_subscriber_catches_up_from_the_database() {
-        let dir = tempfile::tempdir().unwrap();
-        let url = DatabaseUrl::parse(&format!("sqlite://{}/hs.db", dir.path().display())).unwrap();
+    /// A SQLite store in `dir` with one user (returned).
+    async fn store_with_a_user(dir: &std::path::Path) -> (Arc<dyn MetadataStore>, String) {
+        let url = DatabaseUrl::parse(&format!("sqlite://{}/hs.db", dir.display())).unwrap();
         let store = open_metadata(&url, &Default::default()).await.unwrap();
         let user = "u".repeat(52);
         store
@@ -619,6 +688,164 @@ mod tests {
             )
             .await
             .unwrap();
+        (store, user)
+    }
+
+    /// Every public subscriber gets the policy's answer for an event, asked once per
+    /// event (the first subscriber's answer is kept on it), and asked again once the
+    /// policy changed.
+    #[tokio::test]
+    async fn the_public_answer_is_asked_once_an_event_for_every_subscriber() {
+        use std::sync::atomic::AtomicUsize;
+        let dir = tempfile::tempdir().unwrap();
+        let (store, user) = store_with_a_user(dir.path()).await;
+        let stop = CancellationToken::new();
+        let hub = EventHub::new(
+            store.clone(),
+            Arc::default(),
+            stop.clone(),
+            DEFAULT_POLL_INTERVAL,
+        )
+        .await
+        .unwrap();
+        let tailer = tokio::spawn(hub.clone().run_tailer());
+        for (i, path) in ["/pub/a", "/pub/hidden/b", "/pub/c", "/pub/d"]
+            .iter()
+            .enumerate()
+        {
+            put(&store, &user, path, i as u8).await;
+            hub.committed();
+        }
+        tokio::time::timeout(Duration::from_secs(5), async {
+            while hub.head() < 4 {
+                tokio::time::sleep(Duration::from_millis(5)).await;
+            }
+        })
+        .await
+        .unwrap();
+        let asked = Arc::new(AtomicUsize::new(0));
+        let generation = Arc::new(AtomicU64::new(7));
+        let filter = {
+            let (asked, generation) = (asked.clone(), generation.clone());
+            PublicFilter::new(
+                Arc::new(move |items: Vec<(String, String)>| {
+                    asked.fetch_add(items.len(), Ordering::SeqCst);
+                    let answers = items.iter().map(|(_, p)| !p.contains("hidden")).collect();
+                    Box::pin(async move { Ok(answers) })
+                }),
+                Arc::new(move || generation.load(Ordering::SeqCst)),
+            )
+        };
+        let seen = |filter: PublicFilter| {
+            let (hub, user) = (hub.clone(), user.clone());
+            async move {
+                let stream = hub
+                    .subscribe(Subscription {
+                        users: vec![UserCursor { user, cursor: 0 }],
+                        path_prefix: None,
+                        limit: None,
+                        live: false,
+                        reverse: false,
+                        visible: Some(filter),
+                    })
+                    .await
+                    .unwrap();
+                let batches: Vec<_> = stream.collect().await;
+                batches
+                    .into_iter()
+                    .flat_map(Result::unwrap)
+                    .map(|e| e.path.clone())
+                    .collect::<Vec<_>>()
+            }
+        };
+        for _ in 0..3 {
+            assert_eq!(seen(filter.clone()).await, ["/pub/a", "/pub/c", "/pub/d"]);
+        }
+        assert_eq!(asked.load(Ordering::SeqCst), 4, "once an event");
+        generation.store(8, Ordering::SeqCst);
+        assert_eq!(seen(filter.clone()).await, ["/pub/a", "/pub/c", "/pub/d"]);
+        assert_eq!(
+            asked.load(Ordering::SeqCst),
+            8,
+            "asked again of a new policy"
+        );
+        // No policy number (none loaded): nothing is kept, every subscriber asks.
+        generation.store(0, Ordering::SeqCst);
+        seen(filter.clone()).await;
+        seen(filter.clone()).await;
+        assert_eq!(asked.load(Ordering::SeqCst), 16);
+
+        // With live subscribers, the tailer asks about each new event before they
+        // wake: they ask nothing themselves.
+        generation.store(9, Ordering::SeqCst);
+        hub.answer_public_questions_with(filter.clone());
+        let mut live = Vec::new();
+        for _ in 0..3 {
+            live.push(Box::pin(
+                hub.subscribe(Subscription {
+                    users: vec![UserCursor {
+                        user: user.clone(),
+                        cursor: 4,
+                    }],
+                    path_prefix: None,
+                    limit: None,
+                    live: true,
+                    reverse: false,
+                    visible: Some(filter.clone()),
+                })
+                .await
+                .unwrap(),
+            ));
+        }
+        put(&store, &user, "/pub/hidden/e", 5).await;
+        put(&store, &user, "/pub/f", 6).await;
+        hub.committed();
+        tokio::time::timeout(Duration::from_secs(5), async {
+            while hub.head() < 6 {
+                tokio::time::sleep(Duration::from_millis(5)).await;
+            }
+        })
+        .await
+        .unwrap();
+        let answers: Vec<_> = hub
+            .ring_window(4, 6)
+            .unwrap()
+            .iter()
+            .map(|e| e.public_answer(9))
+            .collect();
+        assert_eq!(
+            answers,
+            [Some(false), Some(true)],
+            "known before anyone reads"
+        );
+        assert_eq!(asked.load(Ordering::SeqCst), 18);
+        for stream in &mut live {
+            let mut paths = Vec::new();
+            while paths.is_empty() {
+                let batch = tokio::time::timeout(Duration::from_secs(5), stream.next())
+                    .await
+                    .unwrap()
+                    .unwrap()
+                    .unwrap();
+                paths.extend(batch.iter().map(|e| e.path.clone()));
+            }
+            assert_eq!(paths, ["/pub/f"]);
+        }
+        assert_eq!(
+            asked.load(Ordering::SeqCst),
+            18,
+            "the tailer asked, once an event"
+        );
+        stop.cancel();
+        tailer.await.unwrap();
+    }
+
+    /// A subscriber that falls further behind than the ring holds is served from the
+    /// database: it still gets every event once, in order.
+    #[tokio::test]
+    async fn slow_subscriber_catches_up_from_the_database() {
+        let dir = tempfile::tempdir().unwrap();
+        let (store, user) = store_with_a_user(dir.path()).await;
         let stop = CancellationToken::new();
         let hub = EventHub::with_ring_capacity(store.clone(), Arc::default(), stop.clone(), 8)
             .await

@@ -17,11 +17,21 @@ type Ask = dyn Fn(Vec<(String, String)>) -> BoxFuture<'static, Result<Vec<bool>,
 /// Answers, for `(user, path)` pairs, whether the public may read each (asked as a GET;
 /// a path ending in `/` as a listing), in one visit to the policy per batch.
 #[derive(Clone)]
-pub struct PublicFilter(Arc<Ask>);
+pub struct PublicFilter {
+    ask: Arc<Ask>,
+    generation: Arc<dyn Fn() -> u64 + Send + Sync>,
+}
 
 impl PublicFilter {
-    pub fn new(ask: Arc<Ask>) -> Self {
-        Self(ask)
+    /// `generation` names the policy that answers now (0: none): an answer remembered
+    /// with it holds while it stays the same.
+    pub fn new(ask: Arc<Ask>, generation: Arc<dyn Fn() -> u64 + Send + Sync>) -> Self {
+        Self { ask, generation }
+    }
+
+    /// Which policy answers now (0: none; then nothing is to be remembered).
+    pub fn generation(&self) -> u64 {
+        (self.generation)()
     }
 
     /// One answer per item, in order.
@@ -30,7 +40,7 @@ impl PublicFilter {
             return Ok(Vec::new());
         }
         let count = items.len();
-        let answers = (self.0)(items).await?;
+        let answers = (self.ask)(items).await?;
         if answers.len() != count {
             return Err(ServiceError::Internal(format!(
                 "the policy answered {} of {count} questions",
