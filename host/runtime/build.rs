@@ -146,9 +146,9 @@ fn ensure_wasm_target() {
     if target_lib.is_dir() {
         return;
     }
+    let subject = format!("the {WASM_TARGET} target (the Wasm guests are built for it)");
     let hint = format!(
-        "the {WASM_TARGET} target (the Wasm guests are built for it) is not installed for \
-         the compiler at {}",
+        "{subject} is not installed for the compiler at {}",
         sysroot.display()
     );
     if env::var_os("HOMESERVER_NO_TARGET_INSTALL").is_some_and(|v| !v.is_empty() && v != "0") {
@@ -157,7 +157,6 @@ fn ensure_wasm_target() {
              HOMESERVER_SKIP_GUEST_BUILD=1 to build without built-in guests."
         );
     }
-    println!("cargo:warning={hint}: installing it with `rustup target add {WASM_TARGET}`");
     let mut rustup = Command::new("rustup");
     rustup.args(["target", "add", WASM_TARGET]);
     // The toolchain this build runs on (set by rustup's proxies), so the target lands
@@ -166,7 +165,13 @@ fn ensure_wasm_target() {
         rustup.args(["--toolchain", &toolchain]);
     }
     match rustup.status() {
-        Ok(status) if status.success() => {}
+        // Said after the fact: cargo shows a build script's warnings again on every
+        // build that reuses its output, so the line must stay true then.
+        Ok(status) if status.success() => println!(
+            "cargo:warning={subject} was not installed for the compiler at {}: installed \
+             it with `rustup target add {WASM_TARGET}`",
+            sysroot.display()
+        ),
         Ok(status) => panic!(
             "{hint}, and `rustup target add {WASM_TARGET}` failed ({status}). Run it by hand \
              (it needs network access once), or set HOMESERVER_SKIP_GUEST_BUILD=1 to build \
