@@ -34,6 +34,10 @@ use crate::persistence::metadata::{EventQuery, EventRecord, ReverseEventQuery};
 const RING_CAPACITY: usize = 16 * 1024;
 /// Rows per database read.
 const BATCH: u32 = 1000;
+/// How long the tailer waits for the policy's public answers of new events before it
+/// hands the events on without them (each subscriber then asks itself): a slow or
+/// stuck guest must not hold up delivery to everyone.
+const PUBLIC_ANSWERS_WAIT: Duration = Duration::from_millis(100);
 /// How often the tailer looks for commits it was not told about, by default (the
 /// configured `storage.events_poll_ms`).
 pub const DEFAULT_POLL_INTERVAL: Duration = Duration::from_millis(500);
@@ -226,8 +230,9 @@ impl EventHub {
     }
 
     /// Asks the public answers of new events once, for every subscriber, and keeps them
-    /// on the events. A failure is only logged: each subscriber then asks itself and
-    /// gets the error.
+    /// on the events. A failure, or no answer within [`PUBLIC_ANSWERS_WAIT`], is only
+    /// logged: each subscriber then asks itself (and gets the error, or waits for the
+    /// guest, as before).
     async fn answer_public_questions(&self, events: &[Arc<HubEvent>]) {
         let Some(filter) = self.public.get() else {
             return;
@@ -240,13 +245,16 @@ impl EventHub {
             .iter()
             .map(|e| (e.user.clone(), e.path.clone()))
             .collect();
-        match filter.visible(questions).await {
-            Ok(answers) => {
+        match tokio::time::timeout(PUBLIC_ANSWERS_WAIT, filter.visible(questions)).await {
+            Ok(Ok(answers)) => {
                 for (event, allowed) in events.iter().zip(answers) {
                     event.remember_public_answer(generation, allowed);
                 }
             }
-            Err(e) => tracing::debug!(error = %e, "public answers for new events not known yet"),
+            Ok(Err(e)) => {
+                tracing::debug!(error = %e, "public answers for new events not known yet");
+            }
+            Err(_) => tracing::debug!("public answers for new events slow: handed on without"),
         }
     }
 
@@ -836,6 +844,59 @@ mod tests {
             18,
             "the tailer asked, once an event"
         );
+        stop.cancel();
+        tailer.await.unwrap();
+    }
+
+    /// A policy that does not answer in time does not hold up delivery: the tailer
+    /// hands the events on without its answers.
+    #[tokio::test]
+    async fn a_slow_policy_does_not_hold_up_the_tailer() {
+        let dir = tempfile::tempdir().unwrap();
+        let (store, user) = store_with_a_user(dir.path()).await;
+        let stop = CancellationToken::new();
+        let hub = EventHub::new(
+            store.clone(),
+            Arc::default(),
+            stop.clone(),
+            DEFAULT_POLL_INTERVAL,
+        )
+        .await
+        .unwrap();
+        hub.answer_public_questions_with(PublicFilter::new(
+            Arc::new(|items: Vec<(String, String)>| {
+                Box::pin(async move {
+                    tokio::time::sleep(Duration::from_secs(30)).await;
+                    Ok(vec![true; items.len()])
+                })
+            }),
+            Arc::new(|| 1),
+        ));
+        let tailer = tokio::spawn(hub.clone().run_tailer());
+        let mut stream = Box::pin(
+            hub.subscribe(Subscription {
+                users: vec![UserCursor {
+                    user: user.clone(),
+                    cursor: 0,
+                }],
+                path_prefix: None,
+                limit: None,
+                live: true,
+                reverse: false,
+                visible: None,
+            })
+            .await
+            .unwrap(),
+        );
+        put(&store, &user, "/pub/a", 1).await;
+        hub.committed();
+        let batch = tokio::time::timeout(Duration::from_secs(5), stream.next())
+            .await
+            .expect("delivered without waiting for the policy")
+            .unwrap()
+            .unwrap();
+        assert_eq!(batch[0].path, "/pub/a");
+        assert_eq!(batch[0].public_answer(1), None);
         stop.cancel();
         tailer.await.unwrap();
     }
