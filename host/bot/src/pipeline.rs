@@ -209,14 +209,18 @@ where
     Ok(())
 }
 
-/// Deliveries a lane may have waiting (beyond the one it handles).
-const LANE_QUEUE: usize = 4;
+/// Deliveries a lane may have waiting (beyond the one it handles). When one lane is
+/// full the reader waits, and so do the other lanes: room for a burst of one author
+/// keeps the others busy meanwhile. What waits is kept claimed on Redis.
+const LANE_QUEUE: usize = 32;
 
 /// The router's consumers: one reader takes the messages in the order they came in and
 /// hands each to one of `lanes` lanes, chosen by the mention's author, and each lane
 /// handles its messages one at a time. So one author's mentions are decided in the
 /// order they came in (the per-user limit and the opt-outs answer the earlier one
-/// first), while different authors' are decided side by side.
+/// first), while different authors' are decided side by side. A message tried again
+/// after a failure, or taken over from a leader that stopped, comes back later and
+/// may then be decided after a newer one of its author.
 async fn consume_in_lanes<F, Fut>(
     ctx: &Arc<BotContext>,
     in_flight: &Arc<InFlight>,
@@ -267,6 +271,15 @@ where
             }
             let lane = &senders[lane_of(&delivery, senders.len())];
             if let Err(unsent) = lane.send(delivery).await {
+                // The lane's task ended (its tasks are being stopped): let the message
+                // go, and say so, since nothing routes here any more.
+                tracing::error!(
+                    stream = topic.name(),
+                    "a router lane ended: the reader stops"
+                );
+                if let Some(id) = unsent.0.mention_id() {
+                    in_flight.set().remove(id);
+                }
                 let _ = consumer.release(&unsent.0).await;
                 return;
             }
