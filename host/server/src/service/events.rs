@@ -657,6 +657,26 @@ mod tests {
         assert_eq!(got, want);
     }
 
+    /// A subscription to `user`'s events after `cursor`.
+    fn following(
+        user: impl Into<String>,
+        cursor: u64,
+        live: bool,
+        visible: Option<PublicFilter>,
+    ) -> Subscription {
+        Subscription {
+            users: vec![UserCursor {
+                user: user.into(),
+                cursor,
+            }],
+            path_prefix: None,
+            limit: None,
+            live,
+            reverse: false,
+            visible,
+        }
+    }
+
     async fn put(store: &Arc<dyn MetadataStore>, user: &str, path: &str, n: u8) {
         let outcome = store
             .commit_put(
@@ -748,14 +768,7 @@ mod tests {
             let (hub, user) = (hub.clone(), user.clone());
             async move {
                 let stream = hub
-                    .subscribe(Subscription {
-                        users: vec![UserCursor { user, cursor: 0 }],
-                        path_prefix: None,
-                        limit: None,
-                        live: false,
-                        reverse: false,
-                        visible: Some(filter),
-                    })
+                    .subscribe(following(user, 0, false, Some(filter)))
                     .await
                     .unwrap();
                 let batches: Vec<_> = stream.collect().await;
@@ -790,19 +803,9 @@ mod tests {
         let mut live = Vec::new();
         for _ in 0..3 {
             live.push(Box::pin(
-                hub.subscribe(Subscription {
-                    users: vec![UserCursor {
-                        user: user.clone(),
-                        cursor: 4,
-                    }],
-                    path_prefix: None,
-                    limit: None,
-                    live: true,
-                    reverse: false,
-                    visible: Some(filter.clone()),
-                })
-                .await
-                .unwrap(),
+                hub.subscribe(following(user.clone(), 4, true, Some(filter.clone())))
+                    .await
+                    .unwrap(),
             ));
         }
         put(&store, &user, "/pub/hidden/e", 5).await;
@@ -874,19 +877,9 @@ mod tests {
         ));
         let tailer = tokio::spawn(hub.clone().run_tailer());
         let mut stream = Box::pin(
-            hub.subscribe(Subscription {
-                users: vec![UserCursor {
-                    user: user.clone(),
-                    cursor: 0,
-                }],
-                path_prefix: None,
-                limit: None,
-                live: true,
-                reverse: false,
-                visible: None,
-            })
-            .await
-            .unwrap(),
+            hub.subscribe(following(user.clone(), 0, true, None))
+                .await
+                .unwrap(),
         );
         put(&store, &user, "/pub/a", 1).await;
         hub.committed();
@@ -913,19 +906,9 @@ mod tests {
             .unwrap();
         let tailer = tokio::spawn(hub.clone().run_tailer());
         let mut stream = Box::pin(
-            hub.subscribe(Subscription {
-                users: vec![UserCursor {
-                    user: user.clone(),
-                    cursor: 0,
-                }],
-                path_prefix: None,
-                limit: None,
-                live: true,
-                reverse: false,
-                visible: None,
-            })
-            .await
-            .unwrap(),
+            hub.subscribe(following(user.clone(), 0, true, None))
+                .await
+                .unwrap(),
         );
         // 100 commits while the subscriber reads nothing: the ring keeps only 8.
         for i in 0..100u8 {
