@@ -52,8 +52,9 @@ pub fn to_wire(e: &EventRecord) -> Event {
 }
 
 /// An event as subscribers get it: the record, its SSE frame and whether the public may
-/// see it, each made once (by the tailer, for the ring; the answer by the first
-/// subscriber that asks) and shared by every subscriber that sends it.
+/// see it, each made once (by the tailer, for the ring; the answer too, or by the first
+/// subscriber that asks when the tailer had none) and shared by every subscriber that
+/// sends it.
 #[derive(Debug)]
 pub struct HubEvent {
     pub record: EventRecord,
@@ -92,6 +93,24 @@ impl std::ops::Deref for HubEvent {
     fn deref(&self) -> &EventRecord {
         &self.record
     }
+}
+
+/// Asks `filter` whether the public may see each of `events`, and keeps each answer on
+/// its event with `generation` (the policy's number, read before asking).
+async fn ask_public(
+    filter: &PublicFilter,
+    generation: u64,
+    events: &[&HubEvent],
+) -> Result<Vec<bool>, ServiceError> {
+    let questions = events
+        .iter()
+        .map(|e| (e.user.clone(), e.path.clone()))
+        .collect();
+    let answers = filter.visible(questions).await?;
+    for (event, &allowed) in events.iter().zip(&answers) {
+        event.remember_public_answer(generation, allowed);
+    }
+    Ok(answers)
 }
 
 struct Ring {
@@ -240,17 +259,10 @@ impl EventHub {
         if events.is_empty() || self.subscribers() == 0 {
             return;
         }
-        let generation = filter.generation();
-        let questions = events
-            .iter()
-            .map(|e| (e.user.clone(), e.path.clone()))
-            .collect();
-        match tokio::time::timeout(PUBLIC_ANSWERS_WAIT, filter.visible(questions)).await {
-            Ok(Ok(answers)) => {
-                for (event, allowed) in events.iter().zip(answers) {
-                    event.remember_public_answer(generation, allowed);
-                }
-            }
+        let events: Vec<&HubEvent> = events.iter().map(AsRef::as_ref).collect();
+        let asked = ask_public(filter, filter.generation(), &events);
+        match tokio::time::timeout(PUBLIC_ANSWERS_WAIT, asked).await {
+            Ok(Ok(_)) => {}
             Ok(Err(e)) => {
                 tracing::debug!(error = %e, "public answers for new events not known yet");
             }
@@ -464,14 +476,10 @@ impl Cursoring {
                 batch.iter().map(|e| e.public_answer(generation)).collect();
             let open: Vec<usize> = (0..batch.len()).filter(|&i| shown[i].is_none()).collect();
             if !open.is_empty() {
-                let questions = open
-                    .iter()
-                    .map(|&i| (batch[i].user.clone(), batch[i].path.clone()))
-                    .collect();
-                match filter.visible(questions).await {
+                let asked: Vec<&HubEvent> = open.iter().map(|&i| batch[i].as_ref()).collect();
+                match ask_public(filter, generation, &asked).await {
                     Ok(answers) => {
                         for (&i, allowed) in open.iter().zip(answers) {
-                            batch[i].remember_public_answer(generation, allowed);
                             shown[i] = Some(allowed);
                         }
                     }
