@@ -237,8 +237,13 @@ where
     let consumer = ctx.bus.consumer(topic).await?;
     let mut senders = Vec::new();
     for _ in 0..lanes.max(1) {
-        let (tx, mut rx) = tokio::sync::mpsc::channel::<Delivery>(LANE_QUEUE);
+        let (tx, rx) = tokio::sync::mpsc::channel::<Delivery>(LANE_QUEUE);
         senders.push(tx);
+        let mut queue = LaneQueue {
+            rx,
+            consumer: consumer.clone(),
+            in_flight: in_flight.clone(),
+        };
         let (ctx, stop, handler, in_flight, consumer) = (
             ctx.clone(),
             stop.clone(),
@@ -247,7 +252,7 @@ where
             consumer.clone(),
         );
         tasks.spawn(async move {
-            while let Some(delivery) = rx.recv().await {
+            while let Some(delivery) = queue.rx.recv().await {
                 let id = delivery.mention_id().map(str::to_owned);
                 if stop.is_cancelled() || ctx.store.fence().current().is_err() {
                     // Stopping, or no longer the leader: what waits here is let go
@@ -287,6 +292,42 @@ where
         // Dropping the senders ends the lanes once they have emptied their queues.
     });
     Ok(())
+}
+
+/// A lane's waiting deliveries. When the lane's task is aborted (the leader lost its
+/// lease: no draining, another process may lead already), what still waits is let go
+/// untried, so it does not count as a delivery towards `bus.max_deliveries` when it
+/// comes back to the new leader after the claim time.
+struct LaneQueue {
+    rx: tokio::sync::mpsc::Receiver<Delivery>,
+    consumer: Arc<dyn Consumer>,
+    in_flight: Arc<InFlight>,
+}
+
+impl Drop for LaneQueue {
+    fn drop(&mut self) {
+        self.rx.close();
+        let mut waiting = Vec::new();
+        while let Ok(delivery) = self.rx.try_recv() {
+            if let Some(id) = delivery.mention_id() {
+                self.in_flight.set().remove(id);
+            }
+            waiting.push(delivery);
+        }
+        if waiting.is_empty() {
+            return;
+        }
+        // Releasing is a bus call: done on a task of its own (the runtime outlives
+        // the aborted lanes; at shutdown the claim time brings the messages back anyway).
+        if let Ok(runtime) = tokio::runtime::Handle::try_current() {
+            let consumer = self.consumer.clone();
+            runtime.spawn(async move {
+                for delivery in waiting {
+                    let _ = consumer.release(&delivery).await;
+                }
+            });
+        }
+    }
 }
 
 /// The next delivery for a consumer's loop, or None when the loop is to end (stopped,
@@ -637,4 +678,84 @@ pub async fn resume(ctx: &BotContext, m: Mention) -> Result<bool, StageError> {
         )
         .await?;
     Ok(true)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::bus::BusError;
+
+    /// A consumer that only counts what is let go.
+    #[derive(Default)]
+    struct Releases(Mutex<Vec<String>>);
+
+    #[async_trait::async_trait]
+    impl Consumer for Releases {
+        async fn next(&self, _: &CancellationToken) -> Result<Option<Delivery>, BusError> {
+            Ok(None)
+        }
+        async fn ack(&self, _: &Delivery) -> Result<(), BusError> {
+            Ok(())
+        }
+        async fn failed(&self, _: &Delivery, _: &str) -> Result<(), BusError> {
+            Ok(())
+        }
+        async fn release(&self, delivery: &Delivery) -> Result<(), BusError> {
+            let id = delivery.mention_id().unwrap_or_default().to_owned();
+            self.0.lock().expect("not poisoned").push(id);
+            Ok(())
+        }
+        async fn dead_letter(&self, _: &Delivery, _: &str) -> Result<Option<String>, BusError> {
+            Ok(None)
+        }
+    }
+
+    fn mention(id: &str) -> Delivery {
+        let message = Message::MentionReceived(MentionReceived {
+            mention_id: id.into(),
+            author_pubky: "author".into(),
+            post_uri: format!("pubky://author/pub/pubky.app/posts/{id}"),
+        });
+        Delivery {
+            topic: Topic::MentionReceived,
+            payload: message.payload().to_string(),
+            message: Ok(message),
+            id: id.into(),
+            deliveries: 1,
+            exhausted: None,
+        }
+    }
+
+    #[tokio::test]
+    async fn an_aborted_lane_lets_what_waits_in_it_go() {
+        let releases = Arc::new(Releases::default());
+        let in_flight = Arc::new(InFlight::default());
+        let (tx, rx) = tokio::sync::mpsc::channel(LANE_QUEUE);
+        let mut queue = LaneQueue {
+            rx,
+            consumer: releases.clone(),
+            in_flight: in_flight.clone(),
+        };
+        for id in ["m1", "m2", "m3"] {
+            in_flight.set().insert(id.into());
+            tx.send(mention(id)).await.expect("the lane is open");
+        }
+        // The lane takes the first and is stopped (aborted) while handling it.
+        let handled = queue.rx.recv().await.expect("one waits");
+        let lane = tokio::spawn(async move {
+            let _queue = queue;
+            std::future::pending::<()>().await
+        });
+        tokio::task::yield_now().await;
+        lane.abort();
+        assert!(lane.await.expect_err("aborted").is_cancelled());
+        for _ in 0..10 {
+            tokio::task::yield_now().await;
+        }
+        assert_eq!(*releases.0.lock().expect("not poisoned"), ["m2", "m3"]);
+        assert!(!in_flight.contains("m2") && !in_flight.contains("m3"));
+        // The reader's next hand-over finds the lane closed (and lets it go itself).
+        assert!(tx.send(mention("m4")).await.is_err());
+        drop(handled);
+    }
 }
