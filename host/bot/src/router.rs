@@ -323,7 +323,10 @@ async fn limit(
 ) -> Result<Option<Limited>, StageError> {
     let limits = &ctx.config.limits;
     if let Some(root) = thread_root {
-        let replies = ctx.store.replies_in_thread(root).await?;
+        let replies = ctx
+            .store
+            .replies_in_thread(root, limits.per_thread_replies)
+            .await?;
         if replies >= limits.per_thread_replies {
             return Ok(Some(Limited {
                 reason: format!("thread reply cap ({}) reached", limits.per_thread_replies),

@@ -85,6 +85,30 @@ impl Store {
         )
     }
 
+    /// Inside a transaction about to write: Err(Fenced) unless `token` is 0 or still
+    /// the fence's, and (PostgreSQL) the fence row share-locked until the commit, so a
+    /// new leader's raise waits for this transaction (SQLite: one writer at a time).
+    pub(super) async fn check_fence_in(
+        &self,
+        tx: &mut sqlx::Transaction<'_, sqlx::Any>,
+        token: i64,
+    ) -> Result<()> {
+        if token == 0 {
+            return Ok(());
+        }
+        let held: Option<i64> = sqlx::query_scalar(&format!(
+            "SELECT token FROM fences WHERE name = '{LEADER}' AND token = $1{}",
+            self.dialect.share_lock()
+        ))
+        .bind(token)
+        .fetch_optional(&mut **tx)
+        .await?;
+        match held {
+            Some(_) => Ok(()),
+            None => Err(StoreError::Fenced(token)),
+        }
+    }
+
     /// After a fenced write changed nothing: the error when that was the fence (the
     /// token is stale), Ok when the write simply had nothing to change.
     pub(super) async fn refused_by_fence(&self, token: i64) -> Result<()> {

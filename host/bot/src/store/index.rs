@@ -4,7 +4,7 @@
 use sqlx::Row;
 use sqlx::any::AnyRow;
 
-use super::{IndexChange, IndexedPost, Result, Store, StoreError, now_secs};
+use super::{IndexChange, IndexedPost, Result, Store, now_secs};
 
 const INDEX_COLUMNS: &str = "SELECT seq, uri, author, post_id, content, kind, parent_uri, \
                              mentions_bot FROM index_posts";
@@ -36,18 +36,7 @@ impl Store {
         let token = self.fence.current()?;
         let _t = self.timed();
         let mut tx = self.pool.begin().await?;
-        if token != 0 {
-            let held: Option<i64> = sqlx::query_scalar(&format!(
-                "SELECT token FROM fences WHERE name = 'leader' AND token = $1{}",
-                self.dialect.share_lock()
-            ))
-            .bind(token)
-            .fetch_optional(&mut *tx)
-            .await?;
-            if held.is_none() {
-                return Err(StoreError::Fenced(token));
-            }
-        }
+        self.check_fence_in(&mut tx, token).await?;
         for change in changes {
             match change {
                 IndexChange::Put(post) => {
@@ -117,6 +106,12 @@ impl Store {
 
     /// Every post under `root` (replies, replies to replies, ... down to `max_depth`),
     /// oldest first, at most `limit`; not the root itself.
+    ///
+    /// The walk carries whole rows, so each post is read once (by the parent index) and
+    /// not looked up again by its URI afterwards: a summary reads its thread per
+    /// mention, and this was the bot's costliest statement under load (docs/BENCHMARKS.md).
+    /// `UNION ALL` keeps no set of rows seen; a post edited into a cycle is bounded by
+    /// the depth and read once here.
     pub async fn index_descendants(
         &self,
         root: &str,
@@ -125,20 +120,32 @@ impl Store {
     ) -> Result<Vec<IndexedPost>> {
         let _t = self.timed();
         let rows = sqlx::query(&format!(
-            "WITH RECURSIVE thread (uri, depth) AS ( \
-                 SELECT uri, 0 FROM index_posts WHERE parent_uri = $1 \
-                 UNION \
-                 SELECT p.uri, t.depth + 1 FROM index_posts p JOIN thread t \
-                 ON p.parent_uri = t.uri WHERE t.depth < $2) \
-             {INDEX_COLUMNS} WHERE uri IN (SELECT uri FROM thread) AND deleted = 0 \
-             ORDER BY post_id LIMIT $3"
+            "WITH RECURSIVE thread AS ( \
+                 SELECT seq, uri, author, post_id, content, kind, parent_uri, mentions_bot, \
+                        deleted, 0 AS depth \
+                 FROM index_posts WHERE parent_uri = $1 \
+                 UNION ALL \
+                 SELECT p.seq, p.uri, p.author, p.post_id, p.content, p.kind, p.parent_uri, \
+                        p.mentions_bot, p.deleted, t.depth + 1 \
+                 FROM {} WHERE t.depth < $2) \
+             SELECT seq, uri, author, post_id, content, kind, parent_uri, mentions_bot \
+             FROM thread WHERE deleted = 0 ORDER BY post_id, depth LIMIT $3",
+            self.dialect.children_of_walk()
         ))
         .bind(root)
         .bind(i64::from(max_depth))
         .bind(i64::from(limit))
         .fetch_all(&self.pool)
         .await?;
-        rows.iter().map(indexed_post).collect()
+        let mut seen = std::collections::HashSet::with_capacity(rows.len());
+        let mut posts = Vec::with_capacity(rows.len());
+        for row in &rows {
+            let post = indexed_post(row)?;
+            if seen.insert(post.uri.clone()) {
+                posts.push(post);
+            }
+        }
+        Ok(posts)
     }
 
     /// Posts naming the bot, after position `seq`, in index order.

@@ -105,36 +105,46 @@ impl Store {
     // -----------------------------------------------------------------------------
     // Mentions
 
-    /// Records a mention (fenced); false when it was recorded before (it is never
-    /// ingested twice).
+    /// Records a mention; false when it was recorded before.
     pub async fn insert_mention(&self, m: &Mention) -> Result<bool> {
+        let inserted = self.insert_mentions(std::slice::from_ref(m)).await?;
+        Ok(inserted.first().copied().unwrap_or(false))
+    }
+
+    /// Records mentions in one transaction (one commit, whatever their number); for each,
+    /// whether it is new. Fenced: a process whose leader token is stale records nothing.
+    pub async fn insert_mentions(&self, mentions: &[Mention]) -> Result<Vec<bool>> {
+        if mentions.is_empty() {
+            return Ok(Vec::new());
+        }
         let token = self.fence.current()?;
         let _t = self.timed();
         let now = now_secs();
-        let done = sqlx::query(&format!(
-            "INSERT INTO mentions (id, author_pubky, post_id, post_uri, content, parent_uri, \
-             posted_at, received_at, status, updated_at) \
-             SELECT $1, $2, $3, $4, $5, $6, $7, $8, $9, $8 WHERE {} \
-             ON CONFLICT (id) DO NOTHING",
-            self.fenced(10)
-        ))
-        .bind(&m.id)
-        .bind(&m.author)
-        .bind(&m.post_id)
-        .bind(&m.post_uri)
-        .bind(&m.content)
-        .bind(&m.parent_uri)
-        .bind(m.posted_at)
-        .bind(now)
-        .bind(m.status.as_str())
-        .bind(token)
-        .execute(&self.pool)
-        .await?;
-        if done.rows_affected() == 0 {
-            self.refused_by_fence(token).await?;
-            return Ok(false);
+        let mut tx = self.pool.begin().await?;
+        self.check_fence_in(&mut tx, token).await?;
+        let mut inserted = Vec::with_capacity(mentions.len());
+        for m in mentions {
+            let done = sqlx::query(
+                "INSERT INTO mentions (id, author_pubky, post_id, post_uri, content, parent_uri, \
+                 posted_at, received_at, status, updated_at) \
+                 VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $8) \
+                 ON CONFLICT (id) DO NOTHING",
+            )
+            .bind(&m.id)
+            .bind(&m.author)
+            .bind(&m.post_id)
+            .bind(&m.post_uri)
+            .bind(&m.content)
+            .bind(&m.parent_uri)
+            .bind(m.posted_at)
+            .bind(now)
+            .bind(m.status.as_str())
+            .execute(&mut *tx)
+            .await?;
+            inserted.push(done.rows_affected() > 0);
         }
-        Ok(true)
+        tx.commit().await?;
+        Ok(inserted)
     }
 
     pub async fn mention(&self, id: &str) -> Result<Option<Mention>> {
@@ -347,16 +357,21 @@ impl Store {
     /// those published, and those still on their way (the mention's action or notice
     /// decided and not yet done with). A reply that was blocked, or whose action
     /// failed, leaves its slot free; one replayed from the dead letters takes it again.
-    pub async fn replies_in_thread(&self, root: &str) -> Result<u32> {
+    /// Counts at most `up_to` (the cap: past it the number does not matter, and a long
+    /// thread is not counted through at every decision).
+    pub async fn replies_in_thread(&self, root: &str, up_to: u32) -> Result<u32> {
         let _t = self.timed();
         let n: i64 = sqlx::query_scalar(
-            "SELECT COUNT(*) FROM routing_decisions d JOIN mentions m ON m.id = d.mention_id \
+            "SELECT COUNT(*) FROM (SELECT 1 FROM routing_decisions d \
+             JOIN mentions m ON m.id = d.mention_id \
              LEFT JOIN replies r ON r.mention_id = d.mention_id \
              WHERE d.thread_root = $1 \
              AND (d.action_type IN ('summary', 'factcheck') OR d.notice IS NOT NULL) \
-             AND (r.published_at IS NOT NULL OR m.status IN ('pending', 'processing'))",
+             AND (r.published_at IS NOT NULL OR m.status IN ('pending', 'processing')) \
+             LIMIT $2) counted",
         )
         .bind(root)
+        .bind(i64::from(up_to))
         .fetch_one(&self.pool)
         .await?;
         Ok(u32::try_from(n).unwrap_or(u32::MAX))

@@ -117,6 +117,21 @@ impl Dialect {
         }
     }
 
+    /// The recursive step of a thread walk: the posts whose parent is a row `t` of the
+    /// walk so far. PostgreSQL plans a plain join of a small table as a hash join over
+    /// the whole table at every step; a lateral subquery (kept apart by `OFFSET 0`)
+    /// makes it look each parent's replies up in the parent index instead (about half
+    /// the time, measured). SQLite has no `LATERAL` and uses the index for the join.
+    fn children_of_walk(self) -> &'static str {
+        match self {
+            Self::Sqlite => "index_posts p JOIN thread t ON p.parent_uri = t.uri",
+            Self::Postgres => {
+                "thread t CROSS JOIN LATERAL \
+                 (SELECT * FROM index_posts q WHERE q.parent_uri = t.uri OFFSET 0) p"
+            }
+        }
+    }
+
     /// Connections per process.
     fn max_connections(self) -> u32 {
         match self {

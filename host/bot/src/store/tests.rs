@@ -307,7 +307,12 @@ async fn the_thread_cap_counts_replies_posted_or_on_their_way() {
         none.action = ActionType::None;
         store.insert_mention(&mention("e")).await.unwrap();
         store.decide(&none).await.unwrap();
-        assert_eq!(store.replies_in_thread("root").await.unwrap(), 4);
+        assert_eq!(store.replies_in_thread("root", 100).await.unwrap(), 4);
+        assert_eq!(
+            store.replies_in_thread("root", 3).await.unwrap(),
+            3,
+            "counted up to the cap"
+        );
         // a: published; b: blocked (failed); c: failed action; d: on its way.
         let reply = |id: &str| Reply {
             mention_id: id.into(),
@@ -328,8 +333,8 @@ async fn the_thread_cap_counts_replies_posted_or_on_their_way() {
                 .await
                 .unwrap();
         }
-        assert_eq!(store.replies_in_thread("root").await.unwrap(), 2);
-        assert_eq!(store.replies_in_thread("elsewhere").await.unwrap(), 0);
+        assert_eq!(store.replies_in_thread("root", 100).await.unwrap(), 2);
+        assert_eq!(store.replies_in_thread("elsewhere", 100).await.unwrap(), 0);
     }
 }
 
@@ -383,7 +388,21 @@ async fn a_thread_is_read_down_every_branch() {
             3,
             "a deleted post's replies are still read"
         );
-        assert_eq!(store.position("feed").await.unwrap().as_deref(), Some("7"));
+        // Posts edited into a cycle (each the other's parent): read once each.
+        let cycle = [post("c1", Some("c2"), "08"), post("c2", Some("c1"), "09")];
+        store
+            .index_apply(&cycle.map(IndexChange::Put), "feed", "9")
+            .await
+            .unwrap();
+        let uris: Vec<String> = store
+            .index_descendants("c1", 32, 100)
+            .await
+            .unwrap()
+            .into_iter()
+            .map(|p| p.uri)
+            .collect();
+        assert_eq!(uris, ["c1", "c2"]);
+        assert_eq!(store.position("feed").await.unwrap().as_deref(), Some("9"));
     }
 }
 
