@@ -31,6 +31,7 @@ use tokio::io::AsyncWriteExt;
 
 use super::BackendOptions;
 use super::metadata::{BlobState, MetadataStore};
+use super::read_buffers::ReadBuffers;
 use super::url::{BlobsUrl, S3Settings};
 
 /// Bytes buffered before a blob write turns into a multipart upload. Small values are
@@ -40,7 +41,7 @@ use super::url::{BlobsUrl, S3Settings};
 const LOCAL_WRITE_BUFFER_BYTES: usize = 256 * 1024;
 const S3_WRITE_BUFFER_BYTES: usize = 5 * 1024 * 1024;
 /// Bytes read from a local blob at a time when streaming it out.
-const LOCAL_READ_BYTES: usize = 256 * 1024;
+const LOCAL_READ_BYTES: usize = super::read_buffers::CHUNK_BYTES;
 
 /// Streams the `size` bytes of a local blob file in reads of [`LOCAL_READ_BYTES`].
 ///
@@ -49,18 +50,20 @@ const LOCAL_READ_BYTES: usize = 256 * 1024;
 /// straight into the buffer that becomes the body frame, the next read starts as soon
 /// as a chunk is handed on (so disk and socket work overlap), and the recorded size ends
 /// the stream without a last read to find the end. A file shorter than recorded ends
-/// the stream with an error (the response is cut, never silently short).
+/// the stream with an error (the response is cut, never silently short). The chunks'
+/// buffers come from a pool and go back to it once sent (`read_buffers`).
 fn read_file(
     file: std::fs::File,
     size: u64,
 ) -> impl futures_util::Stream<Item = Result<Bytes, BlobError>> + Send + 'static {
-    type Pending = tokio::task::JoinHandle<std::io::Result<(std::fs::File, Vec<u8>)>>;
+    type Pending = tokio::task::JoinHandle<std::io::Result<(std::fs::File, Bytes)>>;
     fn start(mut file: std::fs::File, want: u64) -> Pending {
         tokio::task::spawn_blocking(move || {
             use std::io::Read as _;
-            let mut chunk = Vec::with_capacity(want as usize);
+            let buffers = ReadBuffers::shared();
+            let mut chunk = buffers.take();
             (&mut file).take(want).read_to_end(&mut chunk)?;
-            Ok((file, chunk))
+            Ok((file, buffers.freeze(chunk)))
         })
     }
     let failed = |e: String| BlobError::Unavailable(format!("reading a blob: {e}"));
@@ -84,7 +87,7 @@ fn read_file(
             }
             let next = left.min(LOCAL_READ_BYTES as u64);
             let pending = (next > 0).then(|| start(file, next));
-            Ok(Some((Bytes::from(chunk), (pending, next, left - next))))
+            Ok(Some((chunk, (pending, next, left - next))))
         },
     )
 }
@@ -578,6 +581,14 @@ mod tests {
             [LOCAL_READ_BYTES, LOCAL_READ_BYTES, LOCAL_READ_BYTES, 17]
         );
         assert!(chunks.concat() == value, "the bytes come back in order");
+        drop(chunks);
+        // The chunks' buffers were the pool's and went back: a second read reuses them.
+        let (_named, file) = file_of(&value);
+        let again: Vec<Bytes> = read_file(file, value.len() as u64)
+            .try_collect()
+            .await
+            .expect("read");
+        assert!(again.concat() == value);
     }
 
     #[tokio::test]

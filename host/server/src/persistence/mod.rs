@@ -9,7 +9,8 @@
 //!   tools (snapshots for backups).
 //! - [`front`]: what callers talk to: a deadline on every metadata operation and
 //!   [`group_commit`] of concurrent writes, whatever the backend.
-//! - [`blobs`]: value bytes in object storage (local filesystem by default).
+//! - [`blobs`]: value bytes in object storage (local filesystem by default); its large
+//!   local reads go into the buffers of `read_buffers`, used again once sent.
 //! - [`url`]: the typed storage URLs of the configuration, secrets redacted.
 //! - [`local_lock`]: one process per local database and blob folder.
 //!
@@ -21,6 +22,7 @@ pub mod front;
 pub mod group_commit;
 pub mod local_lock;
 pub mod metadata;
+mod read_buffers;
 pub mod rules;
 pub mod sql;
 pub mod sqlite;
