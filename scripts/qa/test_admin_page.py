@@ -417,6 +417,17 @@ def test_reload_policies(driver):
         cell = css(driver, f'#policies-table tr[data-slot="{slot["slot"]}"] .called-by').text
         want = "this server" if slot["called_by"] == "homeserver" else "pkbot (not this server)"
         assert cell == want, (slot["slot"], cell)
+        # Its call figures: a count, the latency (percentiles and a bar per bucket, or
+        # "no calls"), the failures and the memory peak, as the API has them.
+        row_css = f'#policies-table tr[data-slot="{slot["slot"]}"]'
+        calls = css(driver, row_css + " .calls").text
+        assert calls.isdigit(), (slot["slot"], calls)
+        latency = css(driver, row_css + " td[data-label=Latency]").text
+        assert ("p50" in latency) == (int(calls) > 0), (slot["slot"], calls, latency)
+        assert css(driver, row_css + " .failures").text, slot["slot"]
+        assert css(driver, row_css + " .memory-peak").text, slot["slot"]
+    for key in ("count", "failures", "p50_ms", "p99_ms", "latency", "memory_high_water_bytes"):
+        assert key in expected["slots"][0]["calls"], (key, expected["slots"][0])
     click_css(driver, "#reload-policies")
     result = until(lambda: visible(driver, "#reload-result") and "Reloading" not in css(driver, "#reload-result").text
                    and css(driver, "#reload-result"), what="the reload result")

@@ -73,7 +73,23 @@ pub enum GuestFailure {
     MemoryLimit { slot: Slot, limit_bytes: usize },
     /// Any other trap: a panic, `unreachable`, a stack overflow, `exit`.
     #[error("slot {slot}: the guest trapped: {message}")]
-    Trap { slot: Slot, message: String },
+    Trap {
+        slot: Slot,
+        message: String,
+        kind: TrapKind,
+    },
+}
+
+/// What kind of trap a call ended in (counted apart in the slot's stats).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum TrapKind {
+    /// The guest panicked (`unreachable`: what a Rust panic with panic=abort becomes).
+    Panic,
+    /// The guest called WASI's `exit`.
+    Exit,
+    /// Anything else: a stack overflow, a memory access out of bounds, a failure of the
+    /// host around the call.
+    Other,
 }
 
 impl GuestFailure {
@@ -89,7 +105,7 @@ impl GuestFailure {
     }
 
     /// A short label for metrics: `unavailable`, `busy`, `instantiate`, `timeout`,
-    /// `memory`, `trap`.
+    /// `memory`, `panic`, `exit`, `trap`.
     pub fn kind(&self) -> &'static str {
         match self {
             GuestFailure::Unavailable { .. } => "unavailable",
@@ -97,7 +113,11 @@ impl GuestFailure {
             GuestFailure::Instantiate { .. } => "instantiate",
             GuestFailure::Timeout { .. } => "timeout",
             GuestFailure::MemoryLimit { .. } => "memory",
-            GuestFailure::Trap { .. } => "trap",
+            GuestFailure::Trap { kind, .. } => match kind {
+                TrapKind::Panic => "panic",
+                TrapKind::Exit => "exit",
+                TrapKind::Other => "trap",
+            },
         }
     }
 }

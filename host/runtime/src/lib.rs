@@ -51,7 +51,7 @@ mod wasi_shim;
 mod watch;
 
 pub use builtin::{InstallReport, install_defaults, module as builtin_module, module_file_name};
-pub use error::{GuestFailure, RuntimeError};
+pub use error::{GuestFailure, RuntimeError, TrapKind};
 pub use policies::{ModuleSource, POLICIES_FILE};
 pub use runtime::{
     PolicyRuntime, ReloadOutcome, ReloadReport, RuntimeConfig, SlotReload, SlotStatus,

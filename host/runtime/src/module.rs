@@ -333,7 +333,9 @@ impl LoadedModule {
                 }
             }
         };
-        match call(&warm.exports, &mut warm.store) {
+        let result = call(&warm.exports, &mut warm.store);
+        stats.record_memory(warm.store.data().limiter.memory_peak());
+        match result {
             Ok(value) => {
                 warm.calls += 1;
                 // Retired instances and those beyond the pool size are dropped.

@@ -17,7 +17,7 @@ use arc_swap::ArcSwapOption;
 use serde::Serialize;
 
 use crate::cache::ModuleCache;
-use crate::error::{GuestFailure, RuntimeError};
+use crate::error::{GuestFailure, RuntimeError, TrapKind};
 use crate::module::{LoadedModule, ModuleInfo, PoolOptions, PublicQuestion};
 use crate::policies::{ModuleSource, Policies};
 use crate::sandbox::{Sandbox, SandboxLimits};
@@ -426,6 +426,7 @@ impl PolicyRuntime {
                         Err(GuestFailure::Trap {
                             slot,
                             message: "the host panicked during the guest call".into(),
+                            kind: TrapKind::Other,
                         })
                     })
             };
@@ -475,6 +476,7 @@ impl PolicyRuntime {
         decisions.pop().ok_or_else(|| GuestFailure::Trap {
             slot: Slot::CapabilityPolicy,
             message: "no decision came back".into(),
+            kind: TrapKind::Other,
         })
     }
 
@@ -569,6 +571,7 @@ impl PolicyRuntime {
                 a.ok_or_else(|| GuestFailure::Trap {
                     slot: Slot::CapabilityPolicy,
                     message: "a question went unanswered".into(),
+                    kind: TrapKind::Other,
                 })
             })
             .collect()

@@ -11,10 +11,10 @@ use wasmtime::component::{Component, HasSelf, InstancePre, Linker};
 use wasmtime::{Config, Engine, ResourceLimiter, Store, StoreLimits, StoreLimitsBuilder, Trap};
 
 use crate::bindings;
-use crate::error::{GuestFailure, RuntimeError};
+use crate::error::{GuestFailure, RuntimeError, TrapKind};
 use crate::policies::SlotConfig;
 use crate::types::Slot;
-use crate::wasi_shim::{GuestLog, GuestRandom};
+use crate::wasi_shim::{GuestExit, GuestLog, GuestRandom};
 
 /// How often the ticker advances the engine's epoch. A deadline is a number of ticks,
 /// so it is precise to about one tick.
@@ -63,6 +63,14 @@ impl bindings::guest_config::Host for GuestState {
 pub(crate) struct GuestLimiter {
     limits: StoreLimits,
     memory_hit: bool,
+    /// The largest memory the instance was allowed, in bytes (its high-water mark).
+    memory_peak: usize,
+}
+
+impl GuestLimiter {
+    pub(crate) fn memory_peak(&self) -> usize {
+        self.memory_peak
+    }
 }
 
 /// The 0.1.0 `config` import: the same two functions.
@@ -84,7 +92,9 @@ impl ResourceLimiter for GuestLimiter {
         maximum: Option<usize>,
     ) -> wasmtime::Result<bool> {
         let verdict = self.limits.memory_growing(current, desired, maximum);
-        if !matches!(verdict, Ok(true)) {
+        if matches!(verdict, Ok(true)) {
+            self.memory_peak = self.memory_peak.max(desired);
+        } else {
             self.memory_hit = true;
         }
         verdict
@@ -200,6 +210,7 @@ impl Sandbox {
             limiter: GuestLimiter {
                 limits,
                 memory_hit: false,
+                memory_peak: 0,
             },
             log: GuestLog::new(slot),
             random: GuestRandom::new(),
@@ -232,15 +243,21 @@ impl Sandbox {
                 limit_bytes: self.limits.memory_limit_bytes,
             };
         }
-        match error.downcast_ref::<Trap>() {
-            Some(Trap::Interrupt) => GuestFailure::Timeout {
-                slot,
-                deadline: self.limits.call_deadline,
-            },
-            _ => GuestFailure::Trap {
-                slot,
-                message: format!("{error:#}"),
-            },
+        let kind = match error.downcast_ref::<Trap>() {
+            Some(Trap::Interrupt) => {
+                return GuestFailure::Timeout {
+                    slot,
+                    deadline: self.limits.call_deadline,
+                };
+            }
+            Some(Trap::UnreachableCodeReached) => TrapKind::Panic,
+            _ if error.downcast_ref::<GuestExit>().is_some() => TrapKind::Exit,
+            _ => TrapKind::Other,
+        };
+        GuestFailure::Trap {
+            slot,
+            message: format!("{error:#}"),
+            kind,
         }
     }
 }

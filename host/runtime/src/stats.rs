@@ -6,7 +6,7 @@ use std::time::Duration;
 
 use serde::Serialize;
 
-use crate::error::GuestFailure;
+use crate::error::{GuestFailure, TrapKind};
 use crate::types::Slot;
 
 /// Upper bounds of the latency buckets, in seconds (a Prometheus histogram's `le`).
@@ -28,6 +28,8 @@ pub struct SlotStats {
     pub reloads: u64,
     pub reload_failures: u64,
     pub latency: LatencyHistogram,
+    /// The most linear memory any instance of the slot was given, in bytes.
+    pub memory_high_water_bytes: u64,
 }
 
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize)]
@@ -38,12 +40,31 @@ pub struct FailureCounts {
     pub instantiate: u64,
     pub timeout: u64,
     pub memory: u64,
+    /// The guest panicked.
+    pub panic: u64,
+    /// The guest called `exit`.
+    pub exit: u64,
+    /// Any other trap (a stack overflow, an access out of bounds, ...).
     pub trap: u64,
 }
 
 impl FailureCounts {
     pub fn total(&self) -> u64 {
-        self.unavailable + self.busy + self.instantiate + self.timeout + self.memory + self.trap
+        self.by_reason().iter().map(|(_, n)| n).sum()
+    }
+
+    /// Each count with its metrics label (`GuestFailure::kind`).
+    pub fn by_reason(&self) -> [(&'static str, u64); 8] {
+        [
+            ("unavailable", self.unavailable),
+            ("busy", self.busy),
+            ("instantiate", self.instantiate),
+            ("timeout", self.timeout),
+            ("memory", self.memory),
+            ("panic", self.panic),
+            ("exit", self.exit),
+            ("trap", self.trap),
+        ]
     }
 }
 
@@ -58,6 +79,20 @@ pub struct LatencyHistogram {
 }
 
 impl LatencyHistogram {
+    /// The upper bound (seconds) of the bucket that holds the `q`-quantile call
+    /// (`0 < q <= 1`): the call at that rank took at most this long. None without calls,
+    /// or when it is slower than the last bound.
+    pub fn quantile_bound(&self, q: f64) -> Option<f64> {
+        if self.count == 0 {
+            return None;
+        }
+        let rank = ((q * self.count as f64).ceil() as u64).clamp(1, self.count);
+        self.cumulative()
+            .into_iter()
+            .find(|&(_, below)| below >= rank)
+            .map(|(bound, _)| bound)
+    }
+
     /// Cumulative counts per bound, as Prometheus `_bucket{le=..}` wants them (the
     /// `+Inf` bucket is `count`).
     pub fn cumulative(&self) -> Vec<(f64, u64)> {
@@ -81,7 +116,10 @@ pub(crate) struct StatsCell {
     instantiate: AtomicU64,
     timeout: AtomicU64,
     memory: AtomicU64,
+    panic: AtomicU64,
+    exit: AtomicU64,
     trap: AtomicU64,
+    memory_peak: AtomicU64,
     instantiations: AtomicU64,
     reloads: AtomicU64,
     reload_failures: AtomicU64,
@@ -109,10 +147,20 @@ impl StatsCell {
                 GuestFailure::Instantiate { .. } => &self.instantiate,
                 GuestFailure::Timeout { .. } => &self.timeout,
                 GuestFailure::MemoryLimit { .. } => &self.memory,
-                GuestFailure::Trap { .. } => &self.trap,
+                GuestFailure::Trap { kind, .. } => match kind {
+                    TrapKind::Panic => &self.panic,
+                    TrapKind::Exit => &self.exit,
+                    TrapKind::Other => &self.trap,
+                },
             };
             counter.fetch_add(1, Ordering::Relaxed);
         }
+    }
+
+    /// An instance's memory high-water mark after a call.
+    pub(crate) fn record_memory(&self, bytes: usize) {
+        self.memory_peak
+            .fetch_max(u64::try_from(bytes).unwrap_or(u64::MAX), Ordering::Relaxed);
     }
 
     pub(crate) fn record_instantiation(&self) {
@@ -140,6 +188,8 @@ impl StatsCell {
                 instantiate: load(&self.instantiate),
                 timeout: load(&self.timeout),
                 memory: load(&self.memory),
+                panic: load(&self.panic),
+                exit: load(&self.exit),
                 trap: load(&self.trap),
             },
             instantiations: load(&self.instantiations),
@@ -150,6 +200,7 @@ impl StatsCell {
                 counts,
                 sum_seconds: load(&self.sum_nanos) as f64 / 1e9,
             },
+            memory_high_water_bytes: load(&self.memory_peak),
         }
     }
 }
@@ -178,5 +229,45 @@ mod tests {
         assert_eq!(cumulative[0], (1e-6, 1));
         assert_eq!(cumulative[5], (5e-5, 2));
         assert_eq!(cumulative.last().map(|c| c.1), Some(2));
+        assert_eq!(s.latency.quantile_bound(0.3), Some(1e-6));
+        assert_eq!(s.latency.quantile_bound(0.5), Some(5e-5));
+        assert_eq!(
+            s.latency.quantile_bound(0.99),
+            None,
+            "slower than the last bound"
+        );
+        assert_eq!(s.failures.total(), 1);
+    }
+
+    #[test]
+    fn traps_are_counted_by_kind_and_memory_by_its_high_water() {
+        let cell = StatsCell::default();
+        assert_eq!(
+            cell.snapshot(Slot::CapabilityPolicy)
+                .latency
+                .quantile_bound(0.5),
+            None
+        );
+        for kind in [
+            TrapKind::Panic,
+            TrapKind::Exit,
+            TrapKind::Other,
+            TrapKind::Panic,
+        ] {
+            let failure = GuestFailure::Trap {
+                slot: Slot::CapabilityPolicy,
+                message: String::new(),
+                kind,
+            };
+            cell.record_call(Duration::from_micros(3), Some(&failure));
+        }
+        cell.record_memory(1 << 20);
+        cell.record_memory(64 << 10);
+        let s = cell.snapshot(Slot::CapabilityPolicy);
+        assert_eq!(
+            (s.failures.panic, s.failures.exit, s.failures.trap),
+            (2, 1, 1)
+        );
+        assert_eq!(s.memory_high_water_bytes, 1 << 20);
     }
 }

@@ -13,8 +13,8 @@ use std::time::{Duration, Instant};
 
 use homeserver_runtime::{
     AuthorizeRequest, Caller, GuestFailure, Intent, IntentAction, ModuleSource, Operation,
-    PolicyRuntime, ReloadOutcome, RuntimeConfig, RuntimeError, Slot, check_module, eval_lines,
-    install_defaults,
+    PolicyRuntime, ReloadOutcome, RuntimeConfig, RuntimeError, Slot, TrapKind, check_module,
+    eval_lines, install_defaults,
 };
 use tempfile::TempDir;
 
@@ -379,13 +379,17 @@ fn hostile_guests_fail_closed() {
         matches!(memory, GuestFailure::MemoryLimit { .. }),
         "{memory}"
     );
-    for trigger in ["panic", "stack", "exit"] {
+    for (trigger, kind) in [
+        ("panic", TrapKind::Panic),
+        ("stack", TrapKind::Other),
+        ("exit", TrapKind::Exit),
+    ] {
         let failure = runtime
             .authorize(&owner(Operation::Read, &format!("/pub/{trigger}")))
             .unwrap_err();
         assert!(
-            matches!(failure, GuestFailure::Trap { .. }),
-            "{trigger}: {failure}"
+            matches!(failure, GuestFailure::Trap { kind: k, .. } if k == kind),
+            "{trigger}: {failure} ({failure:?})"
         );
         assert!(
             runtime
@@ -423,8 +427,18 @@ fn hostile_guests_fail_closed() {
     assert_eq!(policy.slot, Slot::CapabilityPolicy);
     assert_eq!(policy.failures.timeout, 1);
     assert_eq!(policy.failures.memory, 1);
-    assert_eq!(policy.failures.trap, 3);
+    assert_eq!(policy.failures.panic, 1);
+    assert_eq!(policy.failures.exit, 1);
+    assert_eq!(policy.failures.trap, 1, "the stack overflow");
+    assert_eq!(policy.failures.total(), 5);
     assert_eq!(policy.latency.count, 9);
+    // The `alloc` call grew its instance up to the cap: the high-water mark shows it.
+    let cap = 16 * 1024 * 1024;
+    assert!(
+        policy.memory_high_water_bytes > cap / 2 && policy.memory_high_water_bytes <= cap,
+        "high water {} bytes",
+        policy.memory_high_water_bytes
+    );
 }
 
 #[test]

@@ -9,7 +9,9 @@ use std::time::{Duration, Instant};
 
 use homeserver_runtime::PolicyRuntime;
 use prometheus::core::{Collector, Desc};
-use prometheus::proto::{Bucket, Counter, Histogram, LabelPair, Metric, MetricFamily, MetricType};
+use prometheus::proto::{
+    Bucket, Counter, Gauge, Histogram, LabelPair, Metric, MetricFamily, MetricType,
+};
 use prometheus::{
     Encoder, HistogramOpts, HistogramVec, IntCounterVec, IntGauge, IntGaugeVec, Opts, Registry,
     TextEncoder,
@@ -266,6 +268,7 @@ const GUEST_CALLS: &str = "hs_guest_calls_total";
 const GUEST_FAILURES: &str = "hs_guest_call_failures_total";
 const GUEST_DURATION: &str = "hs_guest_call_duration_seconds";
 const GUEST_RELOADS: &str = "hs_guest_reloads_total";
+const GUEST_MEMORY: &str = "hs_guest_memory_high_water_bytes";
 
 impl GuestCollector {
     pub fn new(runtime: Arc<PolicyRuntime>) -> Result<Self, prometheus::Error> {
@@ -293,6 +296,13 @@ impl GuestCollector {
                 GUEST_RELOADS.into(),
                 "Loads of a new guest module or data, by slot and result.".into(),
                 vec!["slot".into(), "result".into()],
+                Default::default(),
+            )?,
+            Desc::new(
+                GUEST_MEMORY.into(),
+                "The most linear memory an instance of the slot's guest was given, in bytes."
+                    .into(),
+                vec!["slot".into()],
                 Default::default(),
             )?,
         ];
@@ -341,17 +351,11 @@ impl Collector for GuestCollector {
         let mut failures = Vec::new();
         let mut durations = Vec::new();
         let mut reloads = Vec::new();
+        let mut memory = Vec::new();
         for s in &stats {
             let slot = s.slot.name();
             calls.push(counter_metric(&[("slot", slot)], s.calls));
-            for (reason, n) in [
-                ("unavailable", s.failures.unavailable),
-                ("busy", s.failures.busy),
-                ("instantiate", s.failures.instantiate),
-                ("timeout", s.failures.timeout),
-                ("memory", s.failures.memory),
-                ("trap", s.failures.trap),
-            ] {
+            for (reason, n) in s.failures.by_reason() {
                 failures.push(counter_metric(&[("slot", slot), ("reason", reason)], n));
             }
             reloads.push(counter_metric(
@@ -362,6 +366,12 @@ impl Collector for GuestCollector {
                 &[("slot", slot), ("result", "failed")],
                 s.reload_failures,
             ));
+            let mut high_water = Gauge::default();
+            high_water.set_value(s.memory_high_water_bytes as f64);
+            let mut m = Metric::default();
+            m.set_label(labels(&[("slot", slot)]));
+            m.set_gauge(high_water);
+            memory.push(m);
             let mut h = Histogram::default();
             h.set_sample_count(s.latency.count);
             h.set_sample_sum(s.latency.sum_seconds);
@@ -406,6 +416,12 @@ impl Collector for GuestCollector {
                 "Loads of a new guest module or data, by slot and result.",
                 MetricType::COUNTER,
                 reloads,
+            ),
+            family(
+                GUEST_MEMORY,
+                "The most linear memory an instance of the slot's guest was given, in bytes.",
+                MetricType::GAUGE,
+                memory,
             ),
         ]
     }

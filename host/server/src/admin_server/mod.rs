@@ -278,15 +278,76 @@ struct SlotView {
     /// `homeserver` (this process asks it) or `pkbot` (loaded here, asked only by the
     /// bot, from its own `policies.dir`).
     called_by: &'static str,
+    /// What this process's calls into the slot cost since it started.
+    calls: Option<CallsView>,
+}
+
+/// A slot's call figures for the admin API (its `/metrics` series, summed up).
+#[derive(Serialize)]
+struct CallsView {
+    /// Calls made, failed or not.
+    count: u64,
+    /// Failed calls (each gave the safe default), by reason: unavailable, busy,
+    /// instantiate, timeout, memory, panic, exit, trap.
+    failures: homeserver_runtime::FailureCounts,
+    /// Fresh instances created (the other calls reused one).
+    instantiations: u64,
+    mean_ms: Option<f64>,
+    /// The bucket bound the median and the 99th percentile call fall under, in ms
+    /// (null without calls, or when slower than the last bound).
+    p50_ms: Option<f64>,
+    p99_ms: Option<f64>,
+    /// Calls per latency bucket: `le_ms` its upper bound (null: slower than the last).
+    latency: Vec<LatencyBucket>,
+    /// The most linear memory an instance of the slot was given, in bytes.
+    memory_high_water_bytes: u64,
+}
+
+#[derive(Serialize)]
+struct LatencyBucket {
+    le_ms: Option<f64>,
+    calls: u64,
+}
+
+impl From<homeserver_runtime::SlotStats> for CallsView {
+    fn from(s: homeserver_runtime::SlotStats) -> Self {
+        let ms = |seconds: f64| seconds * 1e3;
+        let latency = &s.latency;
+        let bounds = homeserver_runtime::LATENCY_BUCKETS
+            .iter()
+            .map(|&b| Some(ms(b)))
+            .chain(std::iter::once(None));
+        Self {
+            count: s.calls,
+            failures: s.failures,
+            instantiations: s.instantiations,
+            mean_ms: (latency.count > 0).then(|| ms(latency.sum_seconds) / latency.count as f64),
+            p50_ms: latency.quantile_bound(0.5).map(ms),
+            p99_ms: latency.quantile_bound(0.99).map(ms),
+            latency: bounds
+                .zip(&latency.counts)
+                .map(|(le_ms, &calls)| LatencyBucket { le_ms, calls })
+                .collect(),
+            memory_high_water_bytes: s.memory_high_water_bytes,
+        }
+    }
 }
 
 fn slot_views(app: &AppContext) -> Vec<SlotView> {
+    let mut stats = app.policy.stats();
     app.policy
         .status()
         .into_iter()
-        .map(|status| SlotView {
-            called_by: crate::service::readiness::caller_of(status.slot),
-            status,
+        .map(|status| {
+            let calls = stats
+                .iter()
+                .position(|s| s.slot == status.slot)
+                .map(|i| stats.swap_remove(i).into());
+            SlotView {
+                called_by: crate::service::readiness::caller_of(status.slot),
+                calls,
+                status,
+            }
         })
         .collect()
 }

@@ -138,6 +138,56 @@ async fn policies_say_which_process_calls_each_slot() {
     assert_eq!(called_by(&reload["status"]), expected, "{reload}");
 }
 
+/// Each slot's call figures (issue 31, point 4): what the capability policy's calls
+/// cost in this process, in the admin API and in /metrics; a slot this process never
+/// calls shows no calls.
+#[tokio::test]
+async fn policies_show_what_their_calls_cost() {
+    let host = TestHost::start().await;
+    let alice = host.user().await;
+    // A signed write and read of one's own path: each asks the capability policy.
+    assert!(
+        host.put(&alice, "/pub/a.txt", b"a")
+            .await
+            .status()
+            .is_success()
+    );
+    assert_eq!(host.get(&alice, "/pub/a.txt").await.status(), 200);
+    let answer = host.admin_json(Method::GET, "/admin/policies").await;
+    let slot = |name: &str| {
+        answer["slots"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .find(|s| s["slot"] == name)
+            .unwrap_or_else(|| panic!("{name} in {answer}"))["calls"]
+            .clone()
+    };
+    let policy = slot("capability-policy");
+    let count = policy["count"].as_u64().unwrap();
+    assert!(count >= 2, "{policy}");
+    let in_buckets: u64 = policy["latency"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|b| b["calls"].as_u64().unwrap())
+        .sum();
+    assert_eq!(in_buckets, count, "{policy}");
+    assert!(policy["p50_ms"].as_f64().unwrap() > 0.0, "{policy}");
+    assert!(policy["mean_ms"].as_f64().unwrap() > 0.0, "{policy}");
+    assert_eq!(policy["failures"]["panic"], 0, "{policy}");
+    let high_water = policy["memory_high_water_bytes"].as_u64().unwrap();
+    assert!(high_water > 0, "{policy}");
+    let unused = slot("safety-filter");
+    assert_eq!(unused["count"], 0, "{unused}");
+    assert!(unused["p50_ms"].is_null(), "{unused}");
+    assert_eq!(
+        host.metric(r#"hs_guest_memory_high_water_bytes{slot="capability-policy"}"#)
+            .await,
+        Some(high_water as f64)
+    );
+}
+
 #[tokio::test]
 async fn admin_off_without_password() {
     let host = TestHost::start_with(|c| c.admin.password = Default::default()).await;

@@ -616,6 +616,38 @@
   }
 
   // ---- policies -----------------------------------------------------------------
+  const SPARKS = '\u2581\u2582\u2583\u2584\u2585\u2586\u2587\u2588';
+
+  function formatMs(ms) {
+    if (ms == null) return '> 1 s';
+    return ms < 1 ? `${Math.round(ms * 1000)} µs` : `${+ms.toFixed(ms < 10 ? 1 : 0)} ms`;
+  }
+
+  function formatBytes(n) {
+    if (!n) return '–';
+    const units = ['B', 'KiB', 'MiB', 'GiB'];
+    let i = 0;
+    while (n >= 1024 && i < units.length - 1) { n /= 1024; i += 1; }
+    return `${+n.toFixed(i ? 1 : 0)} ${units[i]}`;
+  }
+
+  // The latency histogram as a row of bars, one per bucket (its bound in the title).
+  function latencyNode(c) {
+    if (!c || !c.count) return h('span', {class: 'muted'}, 'no calls');
+    const most = Math.max(...c.latency.map((b) => b.calls));
+    const bars = c.latency.map((b) => (b.calls ? SPARKS[Math.min(7, Math.floor((b.calls / most) * 7.999))] : ' ')).join('');
+    const title = c.latency.filter((b) => b.calls).map((b) => `≤ ${formatMs(b.le_ms)}: ${b.calls}`).join('\n');
+    return h('span', {class: 'latency'},
+      h('span', null, `p50 ${formatMs(c.p50_ms)} · p99 ${formatMs(c.p99_ms)}`),
+      h('span', {class: 'spark', title, 'aria-label': `latency histogram: ${title.replace(/\n/g, ', ')}`}, bars));
+  }
+
+  function failuresNode(c) {
+    const failed = c ? Object.entries(c.failures).filter(([, n]) => n > 0) : [];
+    if (!failed.length) return h('span', {class: 'muted'}, 'none');
+    return h('span', {class: 'error-text'}, failed.map(([reason, n]) => `${reason} ${n}`).join(', '));
+  }
+
   function policyRow(s) {
     const err = s.last_error;
     return h('tr', {dataset: {slot: s.slot}, class: s.serving ? '' : 'is-problem'},
@@ -634,6 +666,10 @@
       h('td', {'data-label': 'BLAKE3'}, s.blake3 ? h('code', {title: s.blake3}, `${s.blake3.slice(0, 12)}…`) : h('span', {class: 'muted'}, '–')),
       h('td', {'data-label': 'WIT'}, s.wit_version || '–'),
       h('td', {'data-label': 'Loaded'}, timeNode(s.loaded_at)),
+      h('td', {'data-label': 'Calls', class: 'calls'}, s.calls ? String(s.calls.count) : '–'),
+      h('td', {'data-label': 'Latency', class: 'nowrap'}, latencyNode(s.calls)),
+      h('td', {'data-label': 'Failures', class: 'failures'}, failuresNode(s.calls)),
+      h('td', {'data-label': 'Memory peak', class: 'memory-peak'}, formatBytes(s.calls && s.calls.memory_high_water_bytes)),
       h('td', {'data-label': 'Last error', class: 'wrap'},
         err ? h('span', {class: 'error-text'}, err, s.last_error_at ? h('span', {class: 'muted small'}, ` (${formatTime(s.last_error_at)})`) : null)
           : h('span', {class: 'muted'}, 'none')));
