@@ -88,6 +88,11 @@ pub struct CaseResult {
     pub input: Value,
     pub expected: Value,
     pub got: Value,
+    /// How long the guest call took, in microseconds (a fresh instance's creation
+    /// included when the case needed one: the first case, and cases with a config).
+    pub duration_us: f64,
+    /// The most linear memory the instance had been given after the call, in bytes.
+    pub memory_bytes: u64,
 }
 
 /// What [`check_module`] found.
@@ -253,12 +258,15 @@ fn run_case(module: &LoadedModule, slot: Slot, case: GoldenCase) -> CaseResult {
     let stats = StatsCell::default();
     let got = evaluate(module, &stats, slot, &case.input);
     let passed = case_passes(slot, &case.expect, &got);
+    let figures = stats.snapshot(slot);
     CaseResult {
         name: case.name,
         passed,
         input: case.input,
         expected: case.expect,
         got,
+        duration_us: figures.latency.sum_seconds * 1e6,
+        memory_bytes: figures.memory_high_water_bytes,
     }
 }
 

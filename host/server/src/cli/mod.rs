@@ -121,6 +121,11 @@ pub enum PolicyCommand {
         /// needs more to serve needs `policies.call_deadline_ms` raised as much.
         #[arg(long, value_name = "MS", default_value_t = 100, value_parser = clap::value_parser!(u64).range(50..=600_000))]
         deadline_ms: u64,
+        /// Print every case with its result, the time its guest call took and the
+        /// instance's memory after it (the first case, and any with a config of its
+        /// own, include creating an instance).
+        #[arg(long)]
+        report: bool,
     },
     /// Start a new guest: write a ready crate for SLOT into DIR (Cargo.toml, the WIT,
     /// a working src/lib.rs, cases.jsonl, a README with the build → check → reload loop).

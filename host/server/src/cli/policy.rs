@@ -21,6 +21,19 @@ pub fn run(command: PolicyCommand) -> ExitCode {
     }
 }
 
+/// `policy check --report`: a line per case, its result, call time and memory.
+fn print_cases(which: &str, cases: &[homeserver_runtime::CaseResult]) {
+    for case in cases {
+        println!(
+            "{which:6} {:4} {:>9.1} µs {:>8.1} KiB  {}",
+            if case.passed { "ok" } else { "FAIL" },
+            case.duration_us,
+            case.memory_bytes as f64 / 1024.0,
+            case.name
+        );
+    }
+}
+
 fn slot(name: &str) -> Result<Slot, String> {
     name.parse().map_err(|e| format!("{e}"))
 }
@@ -32,6 +45,7 @@ fn execute(command: PolicyCommand) -> Result<ExitCode, String> {
             slot: name,
             cases,
             deadline_ms,
+            report: print_report,
         } => {
             let own = match &cases {
                 Some(path) => {
@@ -65,6 +79,10 @@ fn execute(command: PolicyCommand) -> Result<ExitCode, String> {
                 report.size_bytes,
                 report.compile_ms
             );
+            if print_report {
+                print_cases("golden", &report.cases);
+                print_cases("yours", &report.own);
+            }
             for case in report.failures() {
                 println!(
                     "FAILED {}: input {} expected {} got {}",

@@ -142,12 +142,33 @@ async fn a_new_guest_builds_checks_and_serves_after_an_edit() {
         build(&dir);
         let module = target_dir.join(format!("wasm32-wasip2/release/{name}.wasm"));
         let checked = run(std::process::Command::new(homeserver)
-            .args(["policy", "check"])
+            .args(["policy", "check", "--report"])
             .arg(&module)
             .args(["--slot", slot, "--cases"])
             .arg(dir.join("cases.jsonl")));
         assert!(checked.contains("passed, 0 failed\n"), "{checked}");
         assert!(checked.contains("your cases"), "{checked}");
+        // --report: a line per case, golden and own, with its call time and memory.
+        let yours = checked.lines().filter(|l| l.starts_with("yours ")).count();
+        assert!(yours > 0, "{checked}");
+        let cases = std::fs::read_to_string(dir.join("cases.jsonl")).unwrap();
+        let written = cases.lines().map(str::trim);
+        assert_eq!(
+            yours,
+            written
+                .filter(|l| !l.is_empty() && !l.starts_with('#'))
+                .count()
+        );
+        assert!(
+            checked
+                .lines()
+                .filter(|l| {
+                    let words: Vec<&str> = l.split_whitespace().take(2).collect();
+                    matches!(words[..], ["golden" | "yours", "ok" | "FAIL"])
+                })
+                .all(|l| l.contains(" µs ") && l.contains(" KiB ")),
+            "{checked}"
+        );
         modules.push((dir, module));
     }
 
