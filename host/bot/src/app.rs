@@ -156,6 +156,7 @@ impl Bot {
             policies_dir: config.policies.dir.clone(),
             ..RuntimeConfig::default()
         })?);
+        metrics.register_guests(guests.clone())?;
         // Operators swap a wordlist or a module without a restart, as on the homeserver.
         let watch = match guests.watch() {
             Ok(handle) => Some(handle),

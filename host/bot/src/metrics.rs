@@ -116,6 +116,16 @@ impl Metrics {
         }
     }
 
+    /// Adds the series of the guests this process calls (`bot_guest_*`: the safety
+    /// filter and the intent classifier), read from their stats at scrape time.
+    pub fn register_guests(
+        &self,
+        guests: std::sync::Arc<homeserver_runtime::PolicyRuntime>,
+    ) -> Result<(), prometheus::Error> {
+        let collector = homeserver_runtime::metrics::GuestCollector::new(guests, "bot")?;
+        self.registry.register(Box::new(collector))
+    }
+
     /// The text exposition of every series.
     pub fn render(&self) -> String {
         let mut out = Vec::new();

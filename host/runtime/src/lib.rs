@@ -40,6 +40,8 @@ mod builtin;
 mod cache;
 mod engine_config;
 mod error;
+#[cfg(feature = "prometheus")]
+pub mod metrics;
 mod module;
 mod policies;
 mod runtime;

@@ -8,10 +8,7 @@ use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use homeserver_runtime::PolicyRuntime;
-use prometheus::core::{Collector, Desc};
-use prometheus::proto::{
-    Bucket, Counter, Gauge, Histogram, LabelPair, Metric, MetricFamily, MetricType,
-};
+use homeserver_runtime::metrics::GuestCollector;
 use prometheus::{
     Encoder, HistogramOpts, HistogramVec, IntCounterVec, IntGauge, IntGaugeVec, Opts, Registry,
     TextEncoder,
@@ -85,7 +82,7 @@ impl Metrics {
     pub fn new(guests: Option<Arc<PolicyRuntime>>) -> Result<Self, prometheus::Error> {
         let registry = Registry::new();
         if let Some(runtime) = guests {
-            registry.register(Box::new(GuestCollector::new(runtime)?))?;
+            registry.register(Box::new(GuestCollector::new(runtime, "hs")?))?;
         }
         let requests = IntCounterVec::new(
             Opts::new(
@@ -255,175 +252,6 @@ impl Metrics {
         let mut out = Vec::new();
         TextEncoder::new().encode(&self.registry.gather(), &mut out)?;
         String::from_utf8(out).map_err(|e| prometheus::Error::Msg(e.to_string()))
-    }
-}
-
-/// Exports the runtime's per-slot stats at scrape time.
-pub struct GuestCollector {
-    runtime: Arc<PolicyRuntime>,
-    descs: Vec<Desc>,
-}
-
-const GUEST_CALLS: &str = "hs_guest_calls_total";
-const GUEST_FAILURES: &str = "hs_guest_call_failures_total";
-const GUEST_DURATION: &str = "hs_guest_call_duration_seconds";
-const GUEST_RELOADS: &str = "hs_guest_reloads_total";
-const GUEST_MEMORY: &str = "hs_guest_memory_high_water_bytes";
-
-impl GuestCollector {
-    pub fn new(runtime: Arc<PolicyRuntime>) -> Result<Self, prometheus::Error> {
-        let descs = vec![
-            Desc::new(
-                GUEST_CALLS.into(),
-                "Calls into a Wasm guest, by slot.".into(),
-                vec!["slot".into()],
-                Default::default(),
-            )?,
-            Desc::new(
-                GUEST_FAILURES.into(),
-                "Guest calls that failed and gave the slot's safe default, by slot and reason."
-                    .into(),
-                vec!["slot".into(), "reason".into()],
-                Default::default(),
-            )?,
-            Desc::new(
-                GUEST_DURATION.into(),
-                "Guest call latency, by slot.".into(),
-                vec!["slot".into()],
-                Default::default(),
-            )?,
-            Desc::new(
-                GUEST_RELOADS.into(),
-                "Loads of a new guest module or data, by slot and result.".into(),
-                vec!["slot".into(), "result".into()],
-                Default::default(),
-            )?,
-            Desc::new(
-                GUEST_MEMORY.into(),
-                "The most linear memory an instance of the slot's guest was given, in bytes."
-                    .into(),
-                vec!["slot".into()],
-                Default::default(),
-            )?,
-        ];
-        Ok(Self { runtime, descs })
-    }
-}
-
-fn labels(pairs: &[(&str, &str)]) -> Vec<LabelPair> {
-    pairs
-        .iter()
-        .map(|(k, v)| {
-            let mut l = LabelPair::default();
-            l.set_name((*k).into());
-            l.set_value((*v).into());
-            l
-        })
-        .collect()
-}
-
-fn counter_metric(pairs: &[(&str, &str)], value: u64) -> Metric {
-    let mut c = Counter::default();
-    c.set_value(value as f64);
-    let mut m = Metric::default();
-    m.set_label(labels(pairs));
-    m.set_counter(c);
-    m
-}
-
-fn family(name: &str, help: &str, kind: MetricType, metrics: Vec<Metric>) -> MetricFamily {
-    let mut f = MetricFamily::default();
-    f.set_name(name.into());
-    f.set_help(help.into());
-    f.set_field_type(kind);
-    f.set_metric(metrics);
-    f
-}
-
-impl Collector for GuestCollector {
-    fn desc(&self) -> Vec<&Desc> {
-        self.descs.iter().collect()
-    }
-
-    fn collect(&self) -> Vec<MetricFamily> {
-        let stats = self.runtime.stats();
-        let mut calls = Vec::new();
-        let mut failures = Vec::new();
-        let mut durations = Vec::new();
-        let mut reloads = Vec::new();
-        let mut memory = Vec::new();
-        for s in &stats {
-            let slot = s.slot.name();
-            calls.push(counter_metric(&[("slot", slot)], s.calls));
-            for (reason, n) in s.failures.by_reason() {
-                failures.push(counter_metric(&[("slot", slot), ("reason", reason)], n));
-            }
-            reloads.push(counter_metric(
-                &[("slot", slot), ("result", "ok")],
-                s.reloads.saturating_sub(s.reload_failures),
-            ));
-            reloads.push(counter_metric(
-                &[("slot", slot), ("result", "failed")],
-                s.reload_failures,
-            ));
-            let mut high_water = Gauge::default();
-            high_water.set_value(s.memory_high_water_bytes as f64);
-            let mut m = Metric::default();
-            m.set_label(labels(&[("slot", slot)]));
-            m.set_gauge(high_water);
-            memory.push(m);
-            let mut h = Histogram::default();
-            h.set_sample_count(s.latency.count);
-            h.set_sample_sum(s.latency.sum_seconds);
-            h.set_bucket(
-                s.latency
-                    .cumulative()
-                    .into_iter()
-                    .map(|(bound, count)| {
-                        let mut b = Bucket::default();
-                        b.set_upper_bound(bound);
-                        b.set_cumulative_count(count);
-                        b
-                    })
-                    .collect(),
-            );
-            let mut m = Metric::default();
-            m.set_label(labels(&[("slot", slot)]));
-            m.set_histogram(h);
-            durations.push(m);
-        }
-        vec![
-            family(
-                GUEST_CALLS,
-                "Calls into a Wasm guest, by slot.",
-                MetricType::COUNTER,
-                calls,
-            ),
-            family(
-                GUEST_FAILURES,
-                "Guest calls that failed and gave the slot's safe default, by slot and reason.",
-                MetricType::COUNTER,
-                failures,
-            ),
-            family(
-                GUEST_DURATION,
-                "Guest call latency, by slot.",
-                MetricType::HISTOGRAM,
-                durations,
-            ),
-            family(
-                GUEST_RELOADS,
-                "Loads of a new guest module or data, by slot and result.",
-                MetricType::COUNTER,
-                reloads,
-            ),
-            family(
-                GUEST_MEMORY,
-                "The most linear memory an instance of the slot's guest was given, in bytes.",
-                MetricType::GAUGE,
-                memory,
-            ),
-        ]
     }
 }
 

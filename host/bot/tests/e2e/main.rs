@@ -126,6 +126,19 @@ async fn local_mode_summarizes_fact_checks_and_honours_the_safety_filter() {
         );
     }
     assert!(metrics.contains("bot_db_query_duration_seconds_count"));
+    // The guests this process calls: each reply went through the safety filter (two
+    // published, one blocked) and each mention through the intent classifier.
+    let guest_calls = |slot: &str| -> f64 {
+        let series = format!("bot_guest_calls_total{{slot=\"{slot}\"}} ");
+        metrics
+            .lines()
+            .find_map(|line| line.strip_prefix(&series)?.parse().ok())
+            .unwrap_or_else(|| panic!("{series} missing:\n{metrics}"))
+    };
+    assert!(guest_calls("safety-filter") >= 3.0, "{metrics}");
+    assert!(guest_calls("intent-classifier") >= 1.0, "{metrics}");
+    assert_eq!(guest_calls("capability-policy"), 0.0, "{metrics}");
+    assert!(metrics.contains("bot_guest_memory_high_water_bytes{slot=\"safety-filter\"}"));
     hs_testkit::promtool::check_metrics("the bot's metrics", &metrics);
     // The spec's JSON log lines, with their context fields.
     let line = bot
