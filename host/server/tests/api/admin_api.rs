@@ -140,10 +140,10 @@ async fn policies_say_which_process_calls_each_slot() {
 
 /// Each slot's call figures (issue 31, point 4): what the capability policy's calls
 /// cost in this process, in the admin API and in /metrics; a slot this process never
-/// calls shows no calls.
+/// calls shows no calls. One instance: the figures are each process's own.
 #[tokio::test]
 async fn policies_show_what_their_calls_cost() {
-    let host = TestHost::start().await;
+    let host = TestHost::start_single_with(|_| {}).await;
     let alice = host.user().await;
     // A signed write and read of one's own path: each asks the capability policy.
     assert!(
