@@ -14,70 +14,62 @@ use crate::PolicyRuntime;
 /// Exports the runtime's per-slot stats at scrape time.
 pub struct GuestCollector {
     runtime: Arc<PolicyRuntime>,
-    names: Names,
+    /// The full name of each of [`SERIES`], in its order.
+    names: Vec<String>,
     descs: Vec<Desc>,
 }
 
-/// The series' names under a process's prefix.
-struct Names {
-    calls: String,
-    failures: String,
-    duration: String,
-    reloads: String,
-    memory: String,
-}
-
-const CALLS_HELP: &str = "Calls into a Wasm guest, by slot.";
-const FAILURES_HELP: &str =
-    "Guest calls that failed and gave the slot's safe default, by slot and reason.";
-const DURATION_HELP: &str = "Guest call latency, by slot.";
-const RELOADS_HELP: &str = "Loads of a new guest module or data, by slot and result.";
-const MEMORY_HELP: &str =
-    "The most linear memory an instance of the slot's guest was given, in bytes.";
+/// Each series: its name after `{prefix}_guest_`, help, labels and kind. `collect`
+/// returns their families in this order.
+const SERIES: [(&str, &str, &[&str], MetricType); 5] = [
+    (
+        "calls_total",
+        "Calls into a Wasm guest, by slot.",
+        &["slot"],
+        MetricType::COUNTER,
+    ),
+    (
+        "call_failures_total",
+        "Guest calls that failed and gave the slot's safe default, by slot and reason.",
+        &["slot", "reason"],
+        MetricType::COUNTER,
+    ),
+    (
+        "call_duration_seconds",
+        "Guest call latency, by slot.",
+        &["slot"],
+        MetricType::HISTOGRAM,
+    ),
+    (
+        "reloads_total",
+        "Loads of a new guest module or data, by slot and result.",
+        &["slot", "result"],
+        MetricType::COUNTER,
+    ),
+    (
+        "memory_high_water_bytes",
+        "The most linear memory an instance of the slot's guest was given, in bytes.",
+        &["slot"],
+        MetricType::GAUGE,
+    ),
+];
 
 impl GuestCollector {
     /// The series of `runtime`'s slots, named `{prefix}_guest_*` (`hs` for the
     /// homeserver, `bot` for pkbot).
     pub fn new(runtime: Arc<PolicyRuntime>, prefix: &str) -> Result<Self, prometheus::Error> {
-        let names = Names {
-            calls: format!("{prefix}_guest_calls_total"),
-            failures: format!("{prefix}_guest_call_failures_total"),
-            duration: format!("{prefix}_guest_call_duration_seconds"),
-            reloads: format!("{prefix}_guest_reloads_total"),
-            memory: format!("{prefix}_guest_memory_high_water_bytes"),
-        };
-        let descs = vec![
-            Desc::new(
-                names.calls.clone(),
-                CALLS_HELP.into(),
-                vec!["slot".into()],
-                Default::default(),
-            )?,
-            Desc::new(
-                names.failures.clone(),
-                FAILURES_HELP.into(),
-                vec!["slot".into(), "reason".into()],
-                Default::default(),
-            )?,
-            Desc::new(
-                names.duration.clone(),
-                DURATION_HELP.into(),
-                vec!["slot".into()],
-                Default::default(),
-            )?,
-            Desc::new(
-                names.reloads.clone(),
-                RELOADS_HELP.into(),
-                vec!["slot".into(), "result".into()],
-                Default::default(),
-            )?,
-            Desc::new(
-                names.memory.clone(),
-                MEMORY_HELP.into(),
-                vec!["slot".into()],
-                Default::default(),
-            )?,
-        ];
+        let names: Vec<String> = SERIES
+            .iter()
+            .map(|(name, ..)| format!("{prefix}_guest_{name}"))
+            .collect();
+        let descs = SERIES
+            .iter()
+            .zip(&names)
+            .map(|((_, help, labels, _), name)| {
+                let labels = labels.iter().map(|l| (*l).to_owned()).collect();
+                Desc::new(name.clone(), (*help).into(), labels, Default::default())
+            })
+            .collect::<Result<_, _>>()?;
         Ok(Self {
             runtime,
             names,
@@ -168,27 +160,12 @@ impl Collector for GuestCollector {
             m.set_histogram(h);
             durations.push(m);
         }
-        vec![
-            family(&self.names.calls, CALLS_HELP, MetricType::COUNTER, calls),
-            family(
-                &self.names.failures,
-                FAILURES_HELP,
-                MetricType::COUNTER,
-                failures,
-            ),
-            family(
-                &self.names.duration,
-                DURATION_HELP,
-                MetricType::HISTOGRAM,
-                durations,
-            ),
-            family(
-                &self.names.reloads,
-                RELOADS_HELP,
-                MetricType::COUNTER,
-                reloads,
-            ),
-            family(&self.names.memory, MEMORY_HELP, MetricType::GAUGE, memory),
-        ]
+        let metrics = [calls, failures, durations, reloads, memory];
+        SERIES
+            .iter()
+            .zip(&self.names)
+            .zip(metrics)
+            .map(|(((_, help, _, kind), name), metrics)| family(name, help, *kind, metrics))
+            .collect()
     }
 }

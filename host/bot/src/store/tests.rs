@@ -362,14 +362,11 @@ async fn a_thread_is_read_down_every_branch() {
         ]
         .map(IndexChange::Put);
         store.index_apply(&changes, "feed", "6").await.unwrap();
-        let uris: Vec<String> = store
-            .index_descendants("root", 32, 100)
-            .await
-            .unwrap()
-            .into_iter()
-            .map(|p| p.uri)
-            .collect();
-        assert_eq!(uris, ["r1", "r2", "r1a", "r1a1"]);
+        let descendants = |root: &'static str| async move {
+            let posts = store.index_descendants(root, 32, 100).await.unwrap();
+            posts.into_iter().map(|p| p.uri).collect::<Vec<String>>()
+        };
+        assert_eq!(descendants("root").await, ["r1", "r2", "r1a", "r1a1"]);
         assert_eq!(
             store.index_descendants("root", 0, 100).await.unwrap().len(),
             2,
@@ -380,11 +377,7 @@ async fn a_thread_is_read_down_every_branch() {
             .await
             .unwrap();
         assert_eq!(
-            store
-                .index_descendants("root", 32, 100)
-                .await
-                .unwrap()
-                .len(),
+            descendants("root").await.len(),
             3,
             "a deleted post's replies are still read"
         );
@@ -394,14 +387,7 @@ async fn a_thread_is_read_down_every_branch() {
             .index_apply(&cycle.map(IndexChange::Put), "feed", "9")
             .await
             .unwrap();
-        let uris: Vec<String> = store
-            .index_descendants("c1", 32, 100)
-            .await
-            .unwrap()
-            .into_iter()
-            .map(|p| p.uri)
-            .collect();
-        assert_eq!(uris, ["c1", "c2"]);
+        assert_eq!(descendants("c1").await, ["c1", "c2"]);
         assert_eq!(store.position("feed").await.unwrap().as_deref(), Some("9"));
     }
 }

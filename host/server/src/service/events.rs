@@ -727,14 +727,16 @@ mod tests {
         (store, user)
     }
 
-    /// Every public subscriber gets the policy's answer for an event, asked once per
-    /// event (the first subscriber's answer is kept on it), and asked again once the
-    /// policy changed.
-    #[tokio::test]
-    async fn the_public_answer_is_asked_once_an_event_for_every_subscriber() {
-        use std::sync::atomic::AtomicUsize;
-        let dir = tempfile::tempdir().unwrap();
-        let (store, user) = store_with_a_user(dir.path()).await;
+    /// A store with a user, and an event hub over it (stopped by the token).
+    async fn hub_with_a_user(
+        dir: &std::path::Path,
+    ) -> (
+        Arc<dyn MetadataStore>,
+        String,
+        CancellationToken,
+        Arc<EventHub>,
+    ) {
+        let (store, user) = store_with_a_user(dir).await;
         let stop = CancellationToken::new();
         let hub = EventHub::new(
             store.clone(),
@@ -744,6 +746,17 @@ mod tests {
         )
         .await
         .unwrap();
+        (store, user, stop, hub)
+    }
+
+    /// Every public subscriber gets the policy's answer for an event, asked once per
+    /// event (the first subscriber's answer is kept on it), and asked again once the
+    /// policy changed.
+    #[tokio::test]
+    async fn the_public_answer_is_asked_once_an_event_for_every_subscriber() {
+        use std::sync::atomic::AtomicUsize;
+        let dir = tempfile::tempdir().unwrap();
+        let (store, user, stop, hub) = hub_with_a_user(dir.path()).await;
         let tailer = tokio::spawn(hub.clone().run_tailer());
         for (i, path) in ["/pub/a", "/pub/hidden/b", "/pub/c", "/pub/d"]
             .iter()
@@ -864,16 +877,7 @@ mod tests {
     #[tokio::test]
     async fn a_slow_policy_does_not_hold_up_the_tailer() {
         let dir = tempfile::tempdir().unwrap();
-        let (store, user) = store_with_a_user(dir.path()).await;
-        let stop = CancellationToken::new();
-        let hub = EventHub::new(
-            store.clone(),
-            Arc::default(),
-            stop.clone(),
-            DEFAULT_POLL_INTERVAL,
-        )
-        .await
-        .unwrap();
+        let (store, user, stop, hub) = hub_with_a_user(dir.path()).await;
         hub.answer_public_questions_with(PublicFilter::new(
             Arc::new(|items: Vec<(String, String)>| {
                 Box::pin(async move {

@@ -623,14 +623,6 @@
     return ms < 1 ? `${Math.round(ms * 1000)} µs` : `${+ms.toFixed(ms < 10 ? 1 : 0)} ms`;
   }
 
-  function formatBytes(n) {
-    if (!n) return '–';
-    const units = ['B', 'KiB', 'MiB', 'GiB'];
-    let i = 0;
-    while (n >= 1024 && i < units.length - 1) { n /= 1024; i += 1; }
-    return `${+n.toFixed(i ? 1 : 0)} ${units[i]}`;
-  }
-
   // The latency histogram as a row of bars, one per bucket (its bound in the title).
   function latencyNode(c) {
     if (!c || !c.count) return h('span', {class: 'muted'}, 'no calls');
