@@ -426,7 +426,9 @@ def test_reload_policies(driver):
         assert ("p50" in latency) == (int(calls) > 0), (slot["slot"], calls, latency)
         assert css(driver, row_css + " .failures").text, slot["slot"]
         assert css(driver, row_css + " .memory-peak").text, slot["slot"]
-    for key in ("count", "failures", "p50_ms", "p99_ms", "latency", "memory_high_water_bytes"):
+        cpu = css(driver, row_css + " .cpu").text
+        assert cpu.startswith(f'{slot["calls"]["cpu_ms"]} ms'), (slot["slot"], cpu, slot["calls"])
+    for key in ("count", "failures", "p50_ms", "p99_ms", "latency", "memory_high_water_bytes", "cpu_ms", "throttled_ms"):
         assert key in expected["slots"][0]["calls"], (key, expected["slots"][0])
     click_css(driver, "#reload-policies")
     result = until(lambda: visible(driver, "#reload-result") and "Reloading" not in css(driver, "#reload-result").text

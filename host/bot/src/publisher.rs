@@ -106,7 +106,7 @@ async fn blocked(ctx: &BotContext, text: &str) -> Result<Option<String>, StageEr
     if !config.enabled {
         return Ok(None);
     }
-    // Off the async workers: a guest that loops holds a guest thread, never a worker.
+    // An async call: a guest that loops yields the worker every millisecond.
     let verdict = ctx.guests.check_text_isolated(text.to_owned()).await;
     if let Some(failure) = verdict.failure {
         return Err(StageError::SafetyFilter(failure));

@@ -4,11 +4,16 @@
 //! contract (`wit/v0.1.0`, module [`v0_1`]: guests built for it still load; `module`
 //! maps their types), and the WASI subset the sandbox provides (`wit-wasi/sandbox.wit`,
 //! implemented in `wasi_shim`).
+//!
+//! Exports are async: a call runs on a fiber and yields to the async runtime at epoch
+//! ticks (see `sandbox`), so a guest that loops holds no worker thread. Imports stay
+//! synchronous: they answer from memory and never wait.
 
 pub mod capability_policy {
     wasmtime::component::bindgen!({
         path: "../../wit",
         world: "capability-policy",
+        exports: { default: async },
     });
 }
 
@@ -16,6 +21,7 @@ pub mod safety_filter {
     wasmtime::component::bindgen!({
         path: "../../wit",
         world: "safety-filter",
+        exports: { default: async },
         with: {
             "homeserver:guest/config": super::capability_policy::homeserver::guest::config,
         },
@@ -26,6 +32,7 @@ pub mod intent_classifier {
     wasmtime::component::bindgen!({
         path: "../../wit",
         world: "intent-classifier",
+        exports: { default: async },
         with: {
             "homeserver:guest/config": super::capability_policy::homeserver::guest::config,
         },
@@ -38,6 +45,7 @@ pub mod v0_1 {
         wasmtime::component::bindgen!({
             path: "../../wit/v0.1.0",
             world: "capability-policy",
+            exports: { default: async },
         });
     }
 
@@ -45,6 +53,7 @@ pub mod v0_1 {
         wasmtime::component::bindgen!({
             path: "../../wit/v0.1.0",
             world: "safety-filter",
+            exports: { default: async },
             with: {
                 "homeserver:guest/config": super::capability_policy::homeserver::guest::config,
             },
@@ -55,6 +64,7 @@ pub mod v0_1 {
         wasmtime::component::bindgen!({
             path: "../../wit/v0.1.0",
             world: "intent-classifier",
+            exports: { default: async },
             with: {
                 "homeserver:guest/config": super::capability_policy::homeserver::guest::config,
             },

@@ -38,6 +38,9 @@ pub(crate) fn engine_config(
         pool.total_core_instances(instances * 8);
         pool.total_memories(instances * 2);
         pool.total_tables(instances * 4);
+        // An async call runs on a fiber stack of the pool's (2 MiB each, reserved up
+        // front): one per call running or suspended, never more than the instances.
+        pool.total_stacks(instances);
         pool.max_memory_size(memory_limit_bytes);
         // Keeping a little memory resident per slot avoids page faults on reuse.
         pool.linear_memory_keep_resident(128 * 1024);

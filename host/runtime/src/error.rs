@@ -36,6 +36,12 @@ pub enum RuntimeError {
     },
     #[error("no module for slot {slot}: {message}")]
     NoModule { slot: Slot, message: String },
+    /// A module fits none of the slots' worlds (`policy test` without `--slot`).
+    #[error("{module} fits no slot: {message}")]
+    NoSlot { module: String, message: String },
+    /// A case file that cannot be read or parsed (`policy test`).
+    #[error("{path}: {message}")]
+    Cases { path: PathBuf, message: String },
     #[error("watching {path}: {message}")]
     Watch { path: PathBuf, message: String },
     #[error("writing output: {0}")]
@@ -61,8 +67,9 @@ pub enum GuestFailure {
     /// guest trapped while initializing).
     #[error("slot {slot}: instantiating the guest failed: {message}")]
     Instantiate { slot: Slot, message: String },
-    /// No guest thread came free in time (the isolated path: every guest thread is busy,
-    /// e.g. with a guest that loops until its deadline).
+    /// No place for the call came free in time (the async path: the slot's
+    /// `guest_concurrency` calls are all running, e.g. a guest that loops until its
+    /// deadline).
     #[error("slot {slot}: busy: {reason}")]
     Busy { slot: Slot, reason: String },
     /// The call ran past its wall-clock deadline.

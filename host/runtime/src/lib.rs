@@ -13,11 +13,16 @@
 //! Map of the crate:
 //! - `runtime`: [`PolicyRuntime`], slots, reload, status, stats.
 //! - `module`: a loaded module and its instance pool.
-//! - `sandbox`: engine, limits, deadlines, linker — all sandbox settings.
+//! - `sandbox`: engine, limits, deadlines and yields, the guests' share of the cores,
+//!   linker — all sandbox settings. Calls are async (they yield at epoch ticks); the
+//!   blocking methods (`authorize`, `check_text`, `classify`) are for tools and tests.
 //! - `bindings`: every `bindgen!`; `wasi_shim`: the WASI subset guests get.
 //! - `policies`: policies.toml; `builtin`: compiled-in guests and data.
 //! - `cache`: compiled-module cache; `watch`: the directory watcher.
-//! - `tools`: `policy check` / `policy eval` and the golden cases.
+//! - `loader`: the one module loader (compile, world, test call), for the runtime and
+//!   the tools alike.
+//! - `tools`: `policy check` / `policy eval` and the golden cases; `harness`: `policy
+//!   test`, the authors' harness.
 //!
 //! ```no_run
 //! use std::sync::Arc;
@@ -40,6 +45,8 @@ mod builtin;
 mod cache;
 mod engine_config;
 mod error;
+mod harness;
+mod loader;
 #[cfg(feature = "prometheus")]
 pub mod metrics;
 mod module;
@@ -54,14 +61,16 @@ mod watch;
 
 pub use builtin::{InstallReport, install_defaults, module as builtin_module, module_file_name};
 pub use error::{GuestFailure, RuntimeError, TrapKind};
+pub use harness::{TestOptions, TestOutcome, TestReport, case_files, test_cases};
 pub use policies::{ModuleSource, POLICIES_FILE};
 pub use runtime::{
-    PolicyRuntime, ReloadOutcome, ReloadReport, RuntimeConfig, SlotReload, SlotStatus,
+    DEFAULT_GUEST_CPU_SHARE, PolicyRuntime, ReloadOutcome, ReloadReport, RuntimeConfig, SlotReload,
+    SlotStatus,
 };
 pub use sandbox::MIN_CALL_DEADLINE;
 pub use stats::{FailureCounts, LATENCY_BUCKETS, LatencyHistogram, SlotStats};
 pub use tools::{
-    CaseResult, CheckOptions, CheckReport, EvalSummary, GoldenCase, check_module,
+    CaseResult, CheckOptions, CheckReport, EvalSummary, GoldenCase, HOST_IMPORTS, check_module,
     check_module_with, eval_lines, golden_cases, parse_cases,
 };
 pub use types::{

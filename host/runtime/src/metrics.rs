@@ -21,7 +21,7 @@ pub struct GuestCollector {
 
 /// Each series: its name after `{prefix}_guest_`, help, labels and kind. `collect`
 /// returns their families in this order.
-const SERIES: [(&str, &str, &[&str], MetricType); 5] = [
+const SERIES: [(&str, &str, &[&str], MetricType); 7] = [
     (
         "calls_total",
         "Calls into a Wasm guest, by slot.",
@@ -51,6 +51,20 @@ const SERIES: [(&str, &str, &[&str], MetricType); 5] = [
         "The most linear memory an instance of the slot's guest was given, in bytes.",
         &["slot"],
         MetricType::GAUGE,
+    ),
+    (
+        "epoch_ticks_total",
+        "Epoch ticks (1 ms) at which a call of the slot's guest was running: its CPU time \
+         in ms, estimated (a call is seen at a tick in proportion to its length).",
+        &["slot"],
+        MetricType::COUNTER,
+    ),
+    (
+        "throttled_seconds_total",
+        "Time calls of the slot's guest slept because guest calls had used up their \
+         share of the cores (policies.guest_cpu_share).",
+        &["slot"],
+        MetricType::COUNTER,
     ),
 ];
 
@@ -90,9 +104,9 @@ fn labels(pairs: &[(&str, &str)]) -> Vec<LabelPair> {
         .collect()
 }
 
-fn counter_metric(pairs: &[(&str, &str)], value: u64) -> Metric {
+fn counter_metric(pairs: &[(&str, &str)], value: impl Into<f64>) -> Metric {
     let mut c = Counter::default();
-    c.set_value(value as f64);
+    c.set_value(value.into());
     let mut m = Metric::default();
     m.set_label(labels(pairs));
     m.set_counter(c);
@@ -120,19 +134,26 @@ impl Collector for GuestCollector {
         let mut durations = Vec::new();
         let mut reloads = Vec::new();
         let mut memory = Vec::new();
+        let mut ticks = Vec::new();
+        let mut throttled = Vec::new();
         for s in &stats {
             let slot = s.slot.name();
-            calls.push(counter_metric(&[("slot", slot)], s.calls));
+            calls.push(counter_metric(&[("slot", slot)], s.calls as f64));
+            ticks.push(counter_metric(&[("slot", slot)], s.epoch_ticks as f64));
+            throttled.push(counter_metric(&[("slot", slot)], s.throttled_seconds));
             for (reason, n) in s.failures.by_reason() {
-                failures.push(counter_metric(&[("slot", slot), ("reason", reason)], n));
+                failures.push(counter_metric(
+                    &[("slot", slot), ("reason", reason)],
+                    n as f64,
+                ));
             }
             reloads.push(counter_metric(
                 &[("slot", slot), ("result", "ok")],
-                s.reloads.saturating_sub(s.reload_failures),
+                s.reloads.saturating_sub(s.reload_failures) as f64,
             ));
             reloads.push(counter_metric(
                 &[("slot", slot), ("result", "failed")],
-                s.reload_failures,
+                s.reload_failures as f64,
             ));
             let mut high_water = Gauge::default();
             high_water.set_value(s.memory_high_water_bytes as f64);
@@ -160,7 +181,9 @@ impl Collector for GuestCollector {
             m.set_histogram(h);
             durations.push(m);
         }
-        let metrics = [calls, failures, durations, reloads, memory];
+        let metrics = [
+            calls, failures, durations, reloads, memory, ticks, throttled,
+        ];
         SERIES
             .iter()
             .zip(&self.names)

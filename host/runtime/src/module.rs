@@ -4,6 +4,10 @@
 //! of ~1 µs), re-arms its deadline, calls, and puts it back unless it trapped or has
 //! served `instance_max_calls` calls.
 //!
+//! Calls are async ([`CallMode::Async`]: they yield at epoch ticks, see `sandbox`); the
+//! blocking API (`policy check`, `policy eval`, tests) runs the same call to its end on
+//! the calling thread ([`CallMode::Blocking`]).
+//!
 //! Callers hold an `Arc<LoadedModule>` for the duration of a call, so a hot swap never
 //! pulls a module out from under an in-flight call: the call finishes on the module it
 //! started on, and the old module's instances go away with its last `Arc`.
@@ -30,7 +34,7 @@ use crate::bindings::safety_filter::{SafetyFilter, SafetyFilterPre};
 use crate::bindings::v0_1;
 use crate::error::GuestFailure;
 use crate::policies::{ModuleSource, SlotConfig};
-use crate::sandbox::{GuestState, Sandbox};
+use crate::sandbox::{CallMode, GuestState, HostUse, Sandbox};
 use crate::stats::StatsCell;
 use crate::types::{
     AuthorizeRequest, Caller, Decision, Intent, IntentAction, Method, Operation, Slot, TermMatch,
@@ -139,14 +143,14 @@ impl Pre {
         old.map(|pre| (pre, v0_1)).map_err(|_| error)
     }
 
-    fn instantiate(&self, store: &mut Store<GuestState>) -> wasmtime::Result<Exports> {
+    async fn instantiate(&self, store: &mut Store<GuestState>) -> wasmtime::Result<Exports> {
         Ok(match self {
-            Pre::Policy(pre) => Exports::Policy(pre.instantiate(&mut *store)?),
-            Pre::Safety(pre) => Exports::Safety(pre.instantiate(&mut *store)?),
-            Pre::Intent(pre) => Exports::Intent(pre.instantiate(&mut *store)?),
-            Pre::PolicyV01(pre) => Exports::PolicyV01(pre.instantiate(&mut *store)?),
-            Pre::SafetyV01(pre) => Exports::SafetyV01(pre.instantiate(&mut *store)?),
-            Pre::IntentV01(pre) => Exports::IntentV01(pre.instantiate(&mut *store)?),
+            Pre::Policy(pre) => Exports::Policy(pre.instantiate_async(&mut *store).await?),
+            Pre::Safety(pre) => Exports::Safety(pre.instantiate_async(&mut *store).await?),
+            Pre::Intent(pre) => Exports::Intent(pre.instantiate_async(&mut *store).await?),
+            Pre::PolicyV01(pre) => Exports::PolicyV01(pre.instantiate_async(&mut *store).await?),
+            Pre::SafetyV01(pre) => Exports::SafetyV01(pre.instantiate_async(&mut *store).await?),
+            Pre::IntentV01(pre) => Exports::IntentV01(pre.instantiate_async(&mut *store).await?),
         })
     }
 
@@ -223,6 +227,9 @@ pub(crate) struct LoadedModule {
     /// This module's number, unique in the process: answers given by one module stay
     /// right as long as it is the one loaded.
     pub(crate) generation: u64,
+    /// Whether calls record what they ask of the host (`policy test`), into `last_use`.
+    recording: bool,
+    last_use: Mutex<Option<HostUse>>,
 }
 
 impl LoadedModule {
@@ -259,6 +266,8 @@ impl LoadedModule {
             idle: Mutex::new(Vec::new()),
             public_decisions: public_decisions(),
             generation: next_generation(),
+            recording: false,
+            last_use: Mutex::new(None),
         })
     }
 
@@ -274,7 +283,27 @@ impl LoadedModule {
             idle: Mutex::new(Vec::new()),
             public_decisions: public_decisions(),
             generation: next_generation(),
+            recording: self.recording,
+            last_use: Mutex::new(None),
         }
+    }
+
+    /// The same module with other config values, each call on a fresh instance and
+    /// recording what it asks of the host (read with [`Self::take_host_use`]).
+    pub(crate) fn recording(&self, config: SlotConfig) -> Self {
+        Self {
+            recording: true,
+            pool: PoolOptions {
+                idle_max: 0,
+                ..self.pool
+            },
+            ..self.with_config(config)
+        }
+    }
+
+    /// What the last call asked of the host (a recording module only).
+    pub(crate) fn take_host_use(&self) -> Option<HostUse> {
+        self.last_use.lock().ok()?.take()
     }
 
     /// The answer to `req` known without calling the guest: a public read asked of a
@@ -292,40 +321,54 @@ impl LoadedModule {
     }
 
     /// Runs `call` on a warm or fresh instance and records it in `stats`.
-    fn call<R>(
+    async fn call<R>(
         &self,
         stats: &StatsCell,
-        call: impl FnOnce(&Exports, &mut Store<GuestState>) -> wasmtime::Result<R>,
+        mode: CallMode,
+        call: impl AsyncFnOnce(&Exports, &mut Store<GuestState>) -> wasmtime::Result<R>,
     ) -> Result<R, GuestFailure> {
         let started = Instant::now();
-        let result = self.call_inner(stats, call);
+        let result = self.call_inner(stats, mode, call).await;
         stats.record_call(started.elapsed(), result.as_ref().err());
         result
     }
 
-    fn call_inner<R>(
+    async fn call_inner<R>(
         &self,
         stats: &StatsCell,
-        call: impl FnOnce(&Exports, &mut Store<GuestState>) -> wasmtime::Result<R>,
+        mode: CallMode,
+        call: impl AsyncFnOnce(&Exports, &mut Store<GuestState>) -> wasmtime::Result<R>,
     ) -> Result<R, GuestFailure> {
+        let _running = self.sandbox.running();
         let warm = self.idle.lock().ok().and_then(|mut idle| idle.pop());
+        let recording = self.recording;
         let mut warm = match warm {
             Some(mut warm) => {
-                self.sandbox.arm(&mut warm.store);
+                self.sandbox.arm(&mut warm.store, mode);
                 warm
             }
             None => {
                 stats.record_instantiation();
                 let mut store = self.sandbox.store(self.slot, Arc::clone(&self.config));
-                let exports = self.pre.instantiate(&mut store).map_err(|e| {
-                    match self.sandbox.failure(&mut store, &e) {
+                self.sandbox.arm(&mut store, mode);
+                if recording {
+                    store.data_mut().used = Some(HostUse::default());
+                }
+                let instantiated = self.pre.instantiate(&mut store).await;
+                if recording
+                    && instantiated.is_err()
+                    && let Ok(mut last) = self.last_use.lock()
+                {
+                    *last = store.data_mut().used.take();
+                }
+                let exports =
+                    instantiated.map_err(|e| match self.sandbox.failure(&mut store, &e) {
                         GuestFailure::Trap { message, .. } => GuestFailure::Instantiate {
                             slot: self.slot,
                             message,
                         },
                         other => other,
-                    }
-                })?;
+                    })?;
                 Warm {
                     store,
                     exports,
@@ -333,8 +376,16 @@ impl LoadedModule {
                 }
             }
         };
-        let result = call(&warm.exports, &mut warm.store);
-        stats.record_memory(warm.store.data().limiter.memory_peak());
+        if recording && warm.store.data().used.is_none() {
+            warm.store.data_mut().used = Some(HostUse::default());
+        }
+        let result = call(&warm.exports, &mut warm.store).await;
+        if recording && let Ok(mut last) = self.last_use.lock() {
+            *last = warm.store.data_mut().used.take();
+        }
+        let state = warm.store.data();
+        stats.record_memory(state.limiter.memory_peak());
+        stats.record_ticks(state.call.ticks, state.call.throttled());
         match result {
             Ok(value) => {
                 warm.calls += 1;
@@ -361,9 +412,9 @@ impl LoadedModule {
             .map(PublicQuestionRef::owned)
     }
 
-    /// Decides `req`: from the cache when it can, else by calling the guest (and caching
-    /// a public answer).
-    pub(crate) fn authorize(
+    /// Decides `req`, blocking the thread: from the cache when it can, else by calling
+    /// the guest (and caching a public answer).
+    pub(crate) fn authorize_blocking(
         &self,
         stats: &StatsCell,
         req: &AuthorizeRequest,
@@ -371,30 +422,33 @@ impl LoadedModule {
         if let Some(decision) = self.known_decision(req) {
             return Ok(decision);
         }
-        let decision = self.authorize_uncached(stats, req)?;
+        let decision =
+            futures_executor::block_on(self.authorize_uncached(stats, req, CallMode::Blocking))?;
         if let Some(question) = self.public_question(req) {
             self.public_decisions.insert(question, decision.clone());
         }
         Ok(decision)
     }
 
-    /// Calls the guest about `req`, whatever the cache holds (the isolated path fills
-    /// the cache itself, one call per question).
-    pub(crate) fn authorize_uncached(
+    /// Calls the guest about `req`, whatever the cache holds (the async path fills the
+    /// cache itself, one call per question).
+    pub(crate) async fn authorize_uncached(
         &self,
         stats: &StatsCell,
         req: &AuthorizeRequest,
+        mode: CallMode,
     ) -> Result<Decision, GuestFailure> {
         match &self.pre {
-            Pre::PolicyV01(_) => self.authorize_v0_1(stats, req),
-            _ => self.authorize_current(stats, req),
+            Pre::PolicyV01(_) => self.authorize_v0_1(stats, req, mode).await,
+            _ => self.authorize_current(stats, req, mode).await,
         }
     }
 
-    fn authorize_current(
+    async fn authorize_current(
         &self,
         stats: &StatsCell,
         req: &AuthorizeRequest,
+        mode: CallMode,
     ) -> Result<Decision, GuestFailure> {
         let request = wit_policy::Request {
             operation: match req.operation {
@@ -419,12 +473,16 @@ impl LoadedModule {
             listing: req.listing(),
             size: req.size,
         };
-        self.call(stats, |exports, store| match exports {
-            Exports::Policy(guest) => guest
-                .homeserver_guest_policy()
-                .call_authorize(store, &request),
+        self.call(stats, mode, async |exports, store| match exports {
+            Exports::Policy(guest) => {
+                guest
+                    .homeserver_guest_policy()
+                    .call_authorize(store, &request)
+                    .await
+            }
             _ => wasmtime::bail!("module loaded into the wrong slot"),
         })
+        .await
         .map(|d| Decision {
             allow: d.allow,
             reason: d.reason,
@@ -433,10 +491,11 @@ impl LoadedModule {
 
     /// A 0.1.0 policy: the request without the 0.2.0 details. (Public reads never get
     /// here: see [`Self::known_decision`].)
-    fn authorize_v0_1(
+    async fn authorize_v0_1(
         &self,
         stats: &StatsCell,
         req: &AuthorizeRequest,
+        mode: CallMode,
     ) -> Result<Decision, GuestFailure> {
         use v0_1::capability_policy::exports::homeserver::guest::policy as old;
         let caller = match &req.caller {
@@ -458,37 +517,45 @@ impl LoadedModule {
             caller,
             user: req.user.clone(),
         };
-        self.call(stats, |exports, store| match exports {
-            Exports::PolicyV01(guest) => guest
-                .homeserver_guest_policy()
-                .call_authorize(store, &request),
+        self.call(stats, mode, async |exports, store| match exports {
+            Exports::PolicyV01(guest) => {
+                guest
+                    .homeserver_guest_policy()
+                    .call_authorize(store, &request)
+                    .await
+            }
             _ => wasmtime::bail!("module loaded into the wrong slot"),
         })
+        .await
         .map(|d| Decision {
             allow: d.allow,
             reason: d.reason,
         })
     }
 
-    pub(crate) fn check_text(
+    pub(crate) async fn check_text(
         &self,
         stats: &StatsCell,
         text: &str,
+        mode: CallMode,
     ) -> Result<(bool, Vec<TermMatch>), GuestFailure> {
-        self.call(stats, |exports, store| match exports {
+        self.call(stats, mode, async |exports, store| match exports {
             Exports::Safety(guest) => {
-                let verdict = guest.homeserver_guest_safety().call_check(store, text)?;
+                let safety = guest.homeserver_guest_safety();
+                let verdict = safety.call_check(store, text).await?;
                 let matches = verdict.matches.into_iter().map(|m| (m.term, m.list_name));
                 Ok((verdict.blocked, matches.collect::<Vec<_>>()))
             }
             // 0.1.0: the same record under the old package name.
             Exports::SafetyV01(guest) => {
-                let verdict = guest.homeserver_guest_safety().call_check(store, text)?;
+                let safety = guest.homeserver_guest_safety();
+                let verdict = safety.call_check(store, text).await?;
                 let matches = verdict.matches.into_iter().map(|m| (m.term, m.list_name));
                 Ok((verdict.blocked, matches.collect::<Vec<_>>()))
             }
             _ => wasmtime::bail!("module loaded into the wrong slot"),
         })
+        .await
         .map(|(blocked, matches)| {
             let matches = matches
                 .into_iter()
@@ -498,15 +565,27 @@ impl LoadedModule {
         })
     }
 
-    pub(crate) fn classify(&self, stats: &StatsCell, text: &str) -> Result<Intent, GuestFailure> {
-        self.call(stats, |exports, store| match exports {
-            Exports::Intent(guest) => guest.homeserver_guest_intent().call_classify(store, text),
-            Exports::IntentV01(guest) => guest
-                .homeserver_guest_intent()
-                .call_classify(store, text)
-                .map(intent_from_v0_1),
+    pub(crate) async fn classify(
+        &self,
+        stats: &StatsCell,
+        text: &str,
+        mode: CallMode,
+    ) -> Result<Intent, GuestFailure> {
+        self.call(stats, mode, async |exports, store| match exports {
+            Exports::Intent(guest) => {
+                let intent = guest.homeserver_guest_intent();
+                intent.call_classify(store, text).await
+            }
+            Exports::IntentV01(guest) => {
+                let intent = guest.homeserver_guest_intent();
+                intent
+                    .call_classify(store, text)
+                    .await
+                    .map(intent_from_v0_1)
+            }
             _ => wasmtime::bail!("module loaded into the wrong slot"),
         })
+        .await
         .map(|outcome| match outcome {
             wit_intent::Outcome::Classified(c) => Intent::Action {
                 action: match c.action {

@@ -14,13 +14,14 @@ use std::sync::{Arc, Mutex};
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 use arc_swap::ArcSwapOption;
+use futures_util::FutureExt;
 use serde::Serialize;
 
 use crate::cache::ModuleCache;
 use crate::error::{GuestFailure, RuntimeError, TrapKind};
-use crate::module::{LoadedModule, ModuleInfo, PoolOptions, PublicQuestion};
+use crate::module::{LoadedModule, PoolOptions, PublicQuestion};
 use crate::policies::{ModuleSource, Policies};
-use crate::sandbox::{Sandbox, SandboxLimits};
+use crate::sandbox::{CallMode, Sandbox, SandboxLimits};
 use crate::stats::{SlotStats, StatsCell};
 use crate::types::{AuthorizeRequest, Caller, Decision, Intent, Operation, SafetyVerdict, Slot};
 
@@ -47,16 +48,16 @@ pub struct RuntimeConfig {
     pub max_instances: u32,
     /// Quiet time after a change in the policies directory before the watcher reloads.
     pub watch_debounce: Duration,
-    /// Threads that run the calls of the isolated path (`*_isolated`), never on an async
-    /// worker.
-    pub guest_threads: usize,
-    /// How long an isolated call waits for a free guest thread before it fails closed
-    /// (the slot's safe default): a guest that loops holds threads for its deadline.
+    /// Calls of one slot running at once on the async path (`*_isolated`); more wait
+    /// for one to end. A guest that loops holds its call's place until its deadline.
+    pub guest_concurrency: usize,
+    /// How long an async call waits for a place before it fails closed as `busy` (the
+    /// slot's safe default).
     pub guest_wait: Duration,
-    /// Niceness of the guest threads (Linux, per thread): 10 by default, so a guest
-    /// that spins until its deadline gives the cores up to the request threads when
-    /// both want them. 0 keeps the process's priority.
-    pub guest_nice: u8,
+    /// The share of the machine's cores guest calls on the async path may keep busy
+    /// together (0 < share <= 1): past it, running calls sleep at their next epoch tick
+    /// until the share allows them another. Requests that ask no guest keep the rest.
+    pub guest_cpu_share: f64,
 }
 
 impl Default for RuntimeConfig {
@@ -71,9 +72,9 @@ impl Default for RuntimeConfig {
             instances_per_slot: (2 * cores).max(2),
             max_instances: 256,
             watch_debounce: Duration::from_millis(300),
-            guest_threads: cores.max(2),
+            guest_concurrency: 8 * cores.max(2),
             guest_wait: Duration::from_secs(1),
-            guest_nice: 10,
+            guest_cpu_share: DEFAULT_GUEST_CPU_SHARE,
         }
     }
 }
@@ -186,15 +187,18 @@ struct SlotCell {
     current: ArcSwapOption<LoadedModule>,
     health: Mutex<SlotHealth>,
     stats: StatsCell,
+    /// Places for the slot's async calls (`guest_concurrency`).
+    calls: tokio::sync::Semaphore,
 }
 
 impl SlotCell {
-    fn new(slot: Slot) -> Self {
+    fn new(slot: Slot, concurrency: usize) -> Self {
         Self {
             slot,
             current: ArcSwapOption::empty(),
             health: Mutex::new(SlotHealth::default()),
             stats: StatsCell::default(),
+            calls: tokio::sync::Semaphore::new(concurrency),
         }
     }
 
@@ -232,63 +236,12 @@ pub struct PolicyRuntime {
     /// Replaces the configured module of `only` (`policy eval --module`).
     module_override: Option<PathBuf>,
     reload_lock: Mutex<()>,
-    /// The guest threads of the isolated path.
-    guest_pool: GuestPool,
 }
 
-/// Questions answered in one guest-thread visit (`authorize_many_isolated`): a warm
-/// call takes ~1 µs, so a visit stays far inside one call deadline, which bounds how
-/// long a caller waits for its visit.
-const QUESTIONS_PER_VISIT: usize = 16;
-
-/// One guest call for a guest thread.
-type GuestJob = Box<dyn FnOnce() + Send>;
-
-/// Threads that run guest calls, fed by a bounded queue (a full queue is `busy` at
-/// once). They end when the runtime is dropped (the queue's sender with it).
-struct GuestPool {
-    jobs: crossbeam_channel::Sender<GuestJob>,
-    threads: usize,
-}
-
-impl GuestPool {
-    fn new(threads: usize, nice: u8) -> Result<Self, RuntimeError> {
-        let threads = threads.max(1);
-        let (jobs, queue) = crossbeam_channel::bounded::<GuestJob>(threads * 256);
-        for n in 0..threads {
-            let queue = queue.clone();
-            std::thread::Builder::new()
-                .name(format!("guest-{n}"))
-                .spawn(move || {
-                    lower_priority(nice);
-                    while let Ok(job) = queue.recv() {
-                        job();
-                    }
-                })
-                .map_err(|e| RuntimeError::Engine(format!("starting guest threads: {e}")))?;
-        }
-        Ok(Self { jobs, threads })
-    }
-}
-
-/// Lowers the calling thread's priority by `nice` steps from the process's (Linux's
-/// nice is per thread; elsewhere this would renice the whole process, so it is left
-/// alone). Relative, so a server started at nice 5 runs its guests at 15, never above
-/// itself; capped at 19, the lowest.
-fn lower_priority(nice: u8) {
-    #[cfg(target_os = "linux")]
-    if nice > 0 {
-        let thread = rustix::thread::gettid();
-        let result = rustix::process::getpriority_process(Some(thread)).and_then(|now| {
-            rustix::process::setpriority_process(Some(thread), (now + i32::from(nice)).min(19))
-        });
-        if let Err(e) = result {
-            tracing::warn!("guest thread keeps the server's priority (setpriority: {e})");
-        }
-    }
-    #[cfg(not(target_os = "linux"))]
-    let _ = nice;
-}
+/// The default of [`RuntimeConfig::guest_cpu_share`]: a quarter of the cores, so that on
+/// a small machine a guest that loops on every call it is asked leaves requests that do
+/// not ask it most of the machine (docs/BENCHMARKS.md, "Guests on async calls").
+pub const DEFAULT_GUEST_CPU_SHARE: f64 = 0.25;
 
 impl std::fmt::Debug for PolicyRuntime {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
@@ -330,12 +283,12 @@ impl PolicyRuntime {
             call_deadline: config.call_deadline,
             memory_limit_bytes: config.memory_limit_bytes,
             max_instances: config.max_instances,
+            cpu_share: config.guest_cpu_share,
         })?;
         let cache = ModuleCache::new(&sandbox, config.cache_dir.clone());
-        let guest_pool = GuestPool::new(config.guest_threads, config.guest_nice)?;
+        let concurrency = config.guest_concurrency.max(1);
         Ok(Self {
-            guest_pool,
-            slots: Slot::ALL.map(SlotCell::new),
+            slots: Slot::ALL.map(|slot| SlotCell::new(slot, concurrency)),
             config,
             sandbox,
             cache,
@@ -368,7 +321,7 @@ impl PolicyRuntime {
     pub fn authorize(&self, req: &AuthorizeRequest) -> Result<Decision, GuestFailure> {
         let cell = &self.slots[index(Slot::CapabilityPolicy)];
         match cell.current.load_full() {
-            Some(module) => module.authorize(&cell.stats, req),
+            Some(module) => module.authorize_blocking(&cell.stats, req),
             None => Err(cell.unavailable()),
         }
     }
@@ -378,7 +331,9 @@ impl PolicyRuntime {
     pub fn check_text(&self, text: &str) -> SafetyVerdict {
         let cell = &self.slots[index(Slot::SafetyFilter)];
         let result = match cell.current.load_full() {
-            Some(module) => module.check_text(&cell.stats, text),
+            Some(module) => {
+                futures_executor::block_on(module.check_text(&cell.stats, text, CallMode::Blocking))
+            }
             None => Err(cell.unavailable()),
         };
         match result {
@@ -396,78 +351,66 @@ impl PolicyRuntime {
     pub fn classify(&self, text: &str) -> Intent {
         let cell = &self.slots[index(Slot::IntentClassifier)];
         let result = match cell.current.load_full() {
-            Some(module) => module.classify(&cell.stats, text),
+            Some(module) => {
+                futures_executor::block_on(module.classify(&cell.stats, text, CallMode::Blocking))
+            }
             None => Err(cell.unavailable()),
         };
         result.unwrap_or_else(Intent::Failed)
     }
 
-    /// Runs a guest call off the async runtime, on one of the `guest_threads` guest
-    /// threads: it waits at most `guest_wait` for one (then the slot's failure, `busy`,
-    /// which callers treat as its safe default). A guest that loops or hoards memory
-    /// then holds guest threads until its deadline, never an async worker: requests that
-    /// do not ask a guest are not slowed by it.
-    async fn isolated<R: Send + 'static>(
-        self: &Arc<Self>,
+    /// Runs a guest call on the caller's task, in one of the slot's `guest_concurrency`
+    /// places: it waits at most `guest_wait` for one (then the slot's failure, `busy`,
+    /// which callers treat as its safe default). The call yields at every epoch tick it
+    /// runs through and is held to `guest_cpu_share` (see `sandbox`), so a guest that
+    /// loops holds its place until its deadline but never an async worker: requests
+    /// that do not ask it go on beside it.
+    async fn isolated<R>(
+        &self,
         slot: Slot,
-        call: impl FnOnce(&PolicyRuntime) -> Result<R, GuestFailure> + Send + 'static,
+        call: impl Future<Output = Result<R, GuestFailure>>,
     ) -> Result<R, GuestFailure> {
-        let (done, answer) = tokio::sync::oneshot::channel();
-        let runtime = Arc::clone(self);
-        let queued = std::time::Instant::now();
-        let job: GuestJob = Box::new(move || {
-            // Waited too long in the queue: the caller has given up (or soon will).
-            let result = if queued.elapsed() > runtime.config.guest_wait {
-                Err(runtime.busy(slot))
-            } else {
-                // A panic fails this call only: the guest thread lives on.
-                std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| call(&runtime)))
-                    .unwrap_or_else(|_| {
-                        Err(GuestFailure::Trap {
-                            slot,
-                            message: "the host panicked during the guest call".into(),
-                            kind: TrapKind::Other,
-                        })
-                    })
-            };
-            let _ = done.send(result);
-        });
-        if self.guest_pool.jobs.try_send(job).is_err() {
-            return Err(self.busy(slot));
-        }
-        // The call's own deadline bounds it once it runs; a second of slack for a machine
-        // that is very busy.
-        let limit = self.config.guest_wait + self.config.call_deadline + Duration::from_secs(1);
-        match tokio::time::timeout(limit, answer).await {
-            Ok(Ok(result)) => result,
-            // Counted when the job is taken off the queue (it answers busy then).
-            _ => Err(self.busy_failure(slot)),
-        }
+        let places = &self.slots[index(slot)].calls;
+        let _place = match places.try_acquire() {
+            Ok(place) => place,
+            Err(_) => match tokio::time::timeout(self.config.guest_wait, places.acquire()).await {
+                Ok(Ok(place)) => place,
+                _ => return Err(self.busy(slot)),
+            },
+        };
+        // A host panic during the call fails this call only, as a trap.
+        std::panic::AssertUnwindSafe(call)
+            .catch_unwind()
+            .await
+            .unwrap_or_else(|_| {
+                Err(GuestFailure::Trap {
+                    slot,
+                    message: "the host panicked during the guest call".into(),
+                    kind: TrapKind::Other,
+                })
+            })
     }
 
     /// The `busy` failure of `slot`, counted.
     fn busy(&self, slot: Slot) -> GuestFailure {
-        let failure = self.busy_failure(slot);
+        let failure = GuestFailure::Busy {
+            slot,
+            reason: format!(
+                "all {} of its calls are running and none ended within {} ms (is a guest \
+                 looping?)",
+                self.config.guest_concurrency.max(1),
+                self.config.guest_wait.as_millis(),
+            ),
+        };
         self.slots[index(slot)]
             .stats
             .record_call(self.config.guest_wait, Some(&failure));
         failure
     }
 
-    fn busy_failure(&self, slot: Slot) -> GuestFailure {
-        GuestFailure::Busy {
-            slot,
-            reason: format!(
-                "no guest thread free within {} ms (all {} busy: is a guest looping?)",
-                self.config.guest_wait.as_millis(),
-                self.guest_pool.threads
-            ),
-        }
-    }
-
-    /// [`authorize`](Self::authorize) off the async runtime (see `isolated`). A public
+    /// [`authorize`](Self::authorize) on the async runtime (see `isolated`). A public
     /// read answered before (or asked of a 0.1.0 policy) is answered here, without a
-    /// guest thread.
+    /// guest call.
     pub async fn authorize_isolated(
         self: &Arc<Self>,
         req: AuthorizeRequest,
@@ -490,8 +433,8 @@ impl PolicyRuntime {
     }
 
     /// Asks about several requests (the entries of a public listing's page, the events
-    /// of a stream's batch) in one guest-thread visit; the answers are in the requests'
-    /// order. Those answered before are not asked again, and a public question is put
+    /// of a stream's batch) in one of the slot's places, one call after the other; the
+    /// answers are in the requests' order. Those answered before are not asked again, and a public question is put
     /// to the guest once however many ask it at the same moment (a new path's event
     /// reaches every subscriber of a stream together): the first asker holds the
     /// cache's placeholder, the others wait for its answer. Placeholders are taken in
@@ -538,21 +481,21 @@ impl PolicyRuntime {
             .enumerate()
             .filter(|(i, _)| answers[*i].is_none())
             .collect();
-        // A visit's wait is bounded by one call's deadline: a page of a thousand new
-        // questions goes in visits of a few, each within that bound.
-        let mut pending = pending.into_iter().peekable();
-        while pending.peek().is_some() {
-            let visit: Vec<_> = pending.by_ref().take(QUESTIONS_PER_VISIT).collect();
+        if !pending.is_empty() {
+            let cell = &self.slots[index(Slot::CapabilityPolicy)];
             let decided = self
-                .isolated(Slot::CapabilityPolicy, move |rt| {
-                    let cell = &rt.slots[index(Slot::CapabilityPolicy)];
+                .isolated(Slot::CapabilityPolicy, async {
                     let Some(module) = cell.current.load_full() else {
                         return Err(cell.unavailable());
                     };
-                    visit
-                        .into_iter()
-                        .map(|(i, req)| Ok((i, module.authorize_uncached(&cell.stats, &req)?)))
-                        .collect::<Result<Vec<_>, GuestFailure>>()
+                    let mut decided = Vec::with_capacity(pending.len());
+                    for (i, req) in pending {
+                        let decision = module
+                            .authorize_uncached(&cell.stats, &req, CallMode::Async)
+                            .await?;
+                        decided.push((i, decision));
+                    }
+                    Ok(decided)
                 })
                 .await?;
             for (i, decision) in decided {
@@ -577,18 +520,38 @@ impl PolicyRuntime {
             .collect()
     }
 
-    /// [`check_text`](Self::check_text) off the async runtime (see `isolated`).
+    /// [`check_text`](Self::check_text) on the async runtime (see `isolated`).
     pub async fn check_text_isolated(self: &Arc<Self>, text: String) -> SafetyVerdict {
-        self.isolated(Slot::SafetyFilter, move |rt| Ok(rt.check_text(&text)))
-            .await
-            .unwrap_or_else(SafetyVerdict::failed)
+        let cell = &self.slots[index(Slot::SafetyFilter)];
+        let result = self
+            .isolated(Slot::SafetyFilter, async {
+                match cell.current.load_full() {
+                    Some(module) => module.check_text(&cell.stats, &text, CallMode::Async).await,
+                    None => Err(cell.unavailable()),
+                }
+            })
+            .await;
+        match result {
+            Ok((blocked, matches)) => SafetyVerdict {
+                blocked,
+                matches,
+                failure: None,
+            },
+            Err(failure) => SafetyVerdict::failed(failure),
+        }
     }
 
-    /// [`classify`](Self::classify) off the async runtime (see `isolated`).
+    /// [`classify`](Self::classify) on the async runtime (see `isolated`).
     pub async fn classify_isolated(self: &Arc<Self>, text: String) -> Intent {
-        self.isolated(Slot::IntentClassifier, move |rt| Ok(rt.classify(&text)))
-            .await
-            .unwrap_or_else(Intent::Failed)
+        let cell = &self.slots[index(Slot::IntentClassifier)];
+        self.isolated(Slot::IntentClassifier, async {
+            match cell.current.load_full() {
+                Some(module) => module.classify(&cell.stats, &text, CallMode::Async).await,
+                None => Err(cell.unavailable()),
+            }
+        })
+        .await
+        .unwrap_or_else(Intent::Failed)
     }
 
     /// Re-reads the policies directory and swaps in every slot whose module or data
@@ -692,55 +655,12 @@ impl PolicyRuntime {
         slot: Slot,
         resolved: crate::policies::ResolvedSlot,
     ) -> Result<Arc<LoadedModule>, RuntimeError> {
-        let name = resolved.source.to_string();
-        let precompiled = match resolved.source {
-            ModuleSource::Builtin => crate::builtin::precompiled(slot),
-            ModuleSource::File(_) => None,
-        };
-        let (component, from_cache) = self
-            .cache
-            .get_or_compile(
-                &self.sandbox,
-                &resolved.bytes,
-                &resolved.module_hash,
-                precompiled,
-            )
-            .map_err(|e| RuntimeError::Compile {
-                module: name.clone(),
-                message: format!("{e:#}"),
-            })?;
-        let info = ModuleInfo {
-            source: resolved.source,
-            module_hash: resolved.module_hash,
-            fingerprint: resolved.fingerprint,
-            loaded_at: SystemTime::now(),
-            from_cache,
-            // Set by `LoadedModule::new` from what the component exports.
-            wit_version: crate::types::WIT_VERSIONS[0],
-        };
         let pool = PoolOptions {
             idle_max: self.config.instances_per_slot.max(1),
             max_calls: self.config.instance_max_calls.max(1),
         };
-        let loaded = LoadedModule::new(
-            Arc::clone(&self.sandbox),
-            slot,
-            &component,
-            resolved.config,
-            info,
-            pool,
-        )
-        .map_err(|message| RuntimeError::World {
-            module: name.clone(),
-            slot,
-            message,
-        })?;
-        test_call(&loaded).map_err(|failure| RuntimeError::TestCall {
-            module: name,
-            slot,
-            failure,
-        })?;
-        Ok(Arc::new(loaded))
+        crate::loader::load(&self.sandbox, &self.cache, slot, resolved, pool)
+            .map(|loaded| Arc::new(loaded.module))
     }
 
     /// Every slot's state.
@@ -798,14 +718,22 @@ impl PolicyRuntime {
 /// within its deadline. This also warms its instance pool.
 pub(crate) fn test_call(module: &LoadedModule) -> Result<(), GuestFailure> {
     let stats = StatsCell::default();
-    match module.slot {
-        Slot::CapabilityPolicy => module
-            .authorize(
-                &stats,
-                &AuthorizeRequest::new(Operation::Read, "/pub/", Caller::Owner, String::new()),
-            )
-            .map(drop),
-        Slot::SafetyFilter => module.check_text(&stats, "hello world").map(drop),
-        Slot::IntentClassifier => module.classify(&stats, "tl;dr").map(drop),
-    }
+    let mode = CallMode::Blocking;
+    futures_executor::block_on(async {
+        match module.slot {
+            Slot::CapabilityPolicy => {
+                let req =
+                    AuthorizeRequest::new(Operation::Read, "/pub/", Caller::Owner, String::new());
+                module
+                    .authorize_uncached(&stats, &req, mode)
+                    .await
+                    .map(drop)
+            }
+            Slot::SafetyFilter => module
+                .check_text(&stats, "hello world", mode)
+                .await
+                .map(drop),
+            Slot::IntentClassifier => module.classify(&stats, "tl;dr", mode).await.map(drop),
+        }
+    })
 }

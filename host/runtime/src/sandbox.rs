@@ -1,14 +1,29 @@
 //! The sandbox, configured in this one place: the wasmtime engine (pooling allocator,
 //! falling back to on-demand allocation when its address-space reservation fails),
-//! the epoch ticker behind every call's wall-clock deadline, the memory cap, the linker
-//! (the `config` import and the WASI shim, nothing else), and the classification of a
-//! failed call into a [`GuestFailure`].
+//! the epoch ticker behind every call's wall-clock deadline and its yields, the guests'
+//! share of the cores, the memory cap, the linker (the `config` import and the WASI
+//! shim, nothing else), and the classification of a failed call into a
+//! [`GuestFailure`].
+//!
+//! A call runs on the caller's async task (wasmtime's async calls: the guest runs on a
+//! fiber). At every epoch tick it is still running, the store's callback decides: past
+//! its deadline, trap; else yield to the async runtime, so other requests on the same
+//! worker go first; and when guest calls have used up their share of the cores
+//! ([`CpuBudget`]), sleep until the share allows another tick. A call of a few
+//! microseconds rarely sees a tick; a guest that loops sees one every millisecond.
 
+use std::num::NonZeroU32;
 use std::sync::Arc;
-use std::time::Duration;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::time::{Duration, Instant};
 
+use governor::clock::{Clock, DefaultClock};
+use governor::{DefaultDirectRateLimiter, Quota, RateLimiter};
 use wasmtime::component::{Component, HasSelf, InstancePre, Linker};
-use wasmtime::{Config, Engine, ResourceLimiter, Store, StoreLimits, StoreLimitsBuilder, Trap};
+use wasmtime::{
+    Config, Engine, ResourceLimiter, Store, StoreContextMut, StoreLimits, StoreLimitsBuilder, Trap,
+    UpdateDeadline,
+};
 
 use crate::bindings;
 use crate::error::{GuestFailure, RuntimeError, TrapKind};
@@ -16,9 +31,17 @@ use crate::policies::SlotConfig;
 use crate::types::Slot;
 use crate::wasi_shim::{GuestExit, GuestLog, GuestRandom};
 
-/// How often the ticker advances the engine's epoch. A deadline is a number of ticks,
-/// so it is precise to about one tick.
-const EPOCH_TICK: Duration = Duration::from_millis(5);
+/// How often the ticker advances the engine's epoch while calls run: how long a running
+/// guest keeps its worker before it yields, the precision of its deadline, and the unit
+/// in which its share of the cores is counted.
+const EPOCH_TICK: Duration = Duration::from_millis(1);
+/// How often it ticks while no call runs: 1,000 wake-ups a second cost an idle server
+/// ~2% of a core (measured); a call that starts meanwhile sees its first tick at most
+/// this late (its deadline is at least 50 ms).
+const IDLE_TICK: Duration = Duration::from_millis(10);
+/// Ticks of guest time the [`CpuBudget`] lets run at once, per core of the share,
+/// before it makes calls wait: a guest that needs a few ms now and then is not slowed.
+const BUDGET_BURST_TICKS: u32 = 20;
 /// The shortest deadline accepted. Shorter ones trapped legitimate calls on a loaded
 /// 2-core machine (measured: a 10 ms deadline lost 2 calls in 200k).
 pub const MIN_CALL_DEADLINE: Duration = Duration::from_millis(50);
@@ -34,6 +57,105 @@ pub(crate) struct SandboxLimits {
     pub memory_limit_bytes: usize,
     /// Capacity of the pooling allocator: guest instances alive at once across slots.
     pub max_instances: u32,
+    /// The share of the machine's cores guest calls may keep busy (0 < share <= 1).
+    pub cpu_share: f64,
+}
+
+/// The guests' share of the cores, as a rate of epoch ticks: each tick a call is seen
+/// running costs one cell. A tick is seen by a call with a probability proportional to
+/// its length, so the count is an unbiased measure of guest CPU time (short calls mostly
+/// pay nothing, and need not). When the cells run out, running calls sleep at their
+/// next tick until the rate allows them another: guest calls together never take more
+/// than their share for longer than the burst.
+pub(crate) struct CpuBudget {
+    limiter: DefaultDirectRateLimiter,
+    clock: DefaultClock,
+    /// Cores the share amounts to.
+    cores: f64,
+}
+
+impl std::fmt::Debug for CpuBudget {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("CpuBudget")
+            .field("cores", &self.cores)
+            .finish()
+    }
+}
+
+impl CpuBudget {
+    fn new(share: f64) -> Self {
+        let machine = std::thread::available_parallelism().map_or(1, usize::from) as f64;
+        let cores = (share.clamp(0.01, 1.0) * machine).max(0.01);
+        let per_second = (cores * 1_000_000.0 / EPOCH_TICK.as_micros() as f64).round();
+        let cells = NonZeroU32::new(per_second.clamp(1.0, f64::from(u32::MAX)) as u32)
+            .unwrap_or(NonZeroU32::MIN);
+        let burst = NonZeroU32::new(((cores.ceil() as u32).max(1)) * BUDGET_BURST_TICKS)
+            .unwrap_or(NonZeroU32::MIN);
+        Self {
+            limiter: RateLimiter::direct(Quota::per_second(cells).allow_burst(burst)),
+            clock: DefaultClock::default(),
+            cores,
+        }
+    }
+
+    /// Pays for one tick of guest time if the share allows it now.
+    fn try_pay_tick(&self) -> bool {
+        self.limiter.check().is_ok()
+    }
+
+    /// Waits until the share allows one more tick of guest time and pays for it; at
+    /// `deadline` it stops waiting unpaid (the call then traps at its next tick). Adds
+    /// the time it slept to `slept`, in ns.
+    async fn pay_tick(self: Arc<Self>, deadline: Instant, slept: Arc<AtomicU64>) {
+        let started = Instant::now();
+        while let Err(not_until) = self.limiter.check() {
+            let wait = not_until.wait_time_from(self.clock.now());
+            if Instant::now() + wait >= deadline {
+                tokio::time::sleep_until(deadline.into()).await;
+                break;
+            }
+            tokio::time::sleep(wait).await;
+        }
+        let nanos = u64::try_from(started.elapsed().as_nanos()).unwrap_or(u64::MAX);
+        slept.fetch_add(nanos, Ordering::Relaxed);
+    }
+}
+
+/// How the current call is run, set when it starts ([`Sandbox::arm`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum CallMode {
+    /// On an async task: the call yields at every tick and is held to the share.
+    Async,
+    /// Blocking its thread (tools, tests): runs to its deadline without yielding.
+    Blocking,
+}
+
+/// The current call's clock: its deadline and the ticks it has run.
+#[derive(Debug)]
+pub(crate) struct CallClock {
+    mode: CallMode,
+    deadline: Instant,
+    /// Epoch ticks the call was seen running (≈ its CPU time in ms).
+    pub(crate) ticks: u64,
+    /// Time the call slept waiting for the guests' share of the cores, in ns (written
+    /// by the waiting future, which cannot reach the store).
+    slept: Arc<AtomicU64>,
+}
+
+impl CallClock {
+    fn new(mode: CallMode, deadline: Instant) -> Self {
+        Self {
+            mode,
+            deadline,
+            ticks: 0,
+            slept: Arc::new(AtomicU64::new(0)),
+        }
+    }
+
+    /// Time the call slept waiting for the guests' share of the cores.
+    pub(crate) fn throttled(&self) -> Duration {
+        Duration::from_nanos(self.slept.load(Ordering::Relaxed))
+    }
 }
 
 /// What a guest's store carries: its slot, its config, its limits, its log and its
@@ -45,14 +167,42 @@ pub(crate) struct GuestState {
     pub limiter: GuestLimiter,
     pub log: GuestLog,
     pub random: GuestRandom,
+    pub call: CallClock,
+    budget: Arc<CpuBudget>,
+    /// What the call asked of the host, when recorded (`policy test`'s strict mode).
+    pub used: Option<HostUse>,
+}
+
+/// The host imports a call used and the config keys it read: what `policy test
+/// --strict` holds a case to. Import names: `config`, `random`, `log` (stdout or
+/// stderr), `environment` (variables, arguments, working directory), `stdin`, `exit`.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub(crate) struct HostUse {
+    pub imports: std::collections::BTreeSet<&'static str>,
+    pub config_keys: std::collections::BTreeSet<String>,
+}
+
+impl GuestState {
+    /// Notes that the call used `import` (when recording).
+    pub(crate) fn note(&mut self, import: &'static str) {
+        if let Some(used) = &mut self.used {
+            used.imports.insert(import);
+        }
+    }
 }
 
 impl bindings::guest_config::Host for GuestState {
     fn get(&mut self, key: String) -> Option<String> {
-        self.config.get(&key).map(str::to_owned)
+        let value = self.config.get(&key).map(str::to_owned);
+        if let Some(used) = &mut self.used {
+            used.imports.insert("config");
+            used.config_keys.insert(key);
+        }
+        value
     }
 
     fn keys(&mut self) -> Vec<String> {
+        self.note("config");
         self.config.keys().map(str::to_owned).collect()
     }
 }
@@ -127,8 +277,19 @@ pub(crate) struct Sandbox {
     engine: Engine,
     linker: Linker<GuestState>,
     limits: SandboxLimits,
-    deadline_ticks: u64,
+    budget: Arc<CpuBudget>,
+    /// Calls running now (instantiations included).
+    running: Arc<AtomicU64>,
     pooling: bool,
+}
+
+/// A running call, counted (see [`Sandbox::running`]).
+pub(crate) struct Running(Arc<AtomicU64>);
+
+impl Drop for Running {
+    fn drop(&mut self) {
+        self.0.fetch_sub(1, Ordering::Relaxed);
+    }
 }
 
 impl Sandbox {
@@ -158,21 +319,24 @@ impl Sandbox {
         };
         let linker = linker(&engine).map_err(|e| RuntimeError::Engine(format!("{e:#}")))?;
         // Without a ticker no deadline fires and a looping guest would hang its caller.
-        start_epoch_ticker(&engine)
+        let running = Arc::new(AtomicU64::new(0));
+        start_epoch_ticker(&engine, Arc::clone(&running))
             .map_err(|e| RuntimeError::Engine(format!("starting the epoch ticker: {e}")))?;
-        // One extra tick: the first may come right after arming.
-        let deadline_ticks = limits
-            .call_deadline
-            .as_nanos()
-            .div_ceil(EPOCH_TICK.as_nanos()) as u64
-            + 1;
         Ok(Arc::new(Self {
             engine,
             linker,
+            budget: Arc::new(CpuBudget::new(limits.cpu_share)),
+            running,
             limits,
-            deadline_ticks,
             pooling,
         }))
+    }
+
+    /// Counts a call as running until the guard drops (the ticker ticks every
+    /// [`EPOCH_TICK`] while one does, else every [`IDLE_TICK`]).
+    pub(crate) fn running(&self) -> Running {
+        self.running.fetch_add(1, Ordering::Relaxed);
+        Running(Arc::clone(&self.running))
     }
 
     pub(crate) fn engine(&self) -> &Engine {
@@ -214,18 +378,23 @@ impl Sandbox {
             },
             log: GuestLog::new(slot),
             random: GuestRandom::new(),
+            call: CallClock::new(CallMode::Blocking, Instant::now()),
+            budget: Arc::clone(&self.budget),
+            used: None,
         };
         let mut store = Store::new(&self.engine, state);
         store.limiter(|state| &mut state.limiter);
-        store.epoch_deadline_trap();
-        self.arm(&mut store);
+        store.epoch_deadline_callback(at_tick);
+        self.arm(&mut store, CallMode::Blocking);
         store
     }
 
     /// Re-arms the deadline (and the guest's log budget) before a call.
-    pub(crate) fn arm(&self, store: &mut Store<GuestState>) {
-        store.set_epoch_deadline(self.deadline_ticks);
-        store.data_mut().log.new_call();
+    pub(crate) fn arm(&self, store: &mut Store<GuestState>, mode: CallMode) {
+        store.set_epoch_deadline(1);
+        let state = store.data_mut();
+        state.call = CallClock::new(mode, Instant::now() + self.limits.call_deadline);
+        state.log.new_call();
     }
 
     /// Turns the error of a failed call into a [`GuestFailure`].
@@ -262,6 +431,29 @@ impl Sandbox {
     }
 }
 
+/// The epoch callback: a running call reached a tick. Past its deadline it traps (as
+/// [`Trap::Interrupt`], a timeout); a blocking call goes on; an async call pays for the
+/// tick it ran from the share and yields, or sleeps until the share allows a tick and
+/// pays then (never past its deadline: it then traps at the next tick).
+fn at_tick(mut store: StoreContextMut<'_, GuestState>) -> wasmtime::Result<UpdateDeadline> {
+    let call = &mut store.data_mut().call;
+    let now = Instant::now();
+    if now >= call.deadline {
+        return Ok(UpdateDeadline::Interrupt);
+    }
+    call.ticks += 1;
+    if call.mode == CallMode::Blocking {
+        return Ok(UpdateDeadline::Continue(1));
+    }
+    let state = store.data();
+    if state.budget.try_pay_tick() {
+        return Ok(UpdateDeadline::Yield(1));
+    }
+    let wait =
+        Arc::clone(&state.budget).pay_tick(state.call.deadline, Arc::clone(&state.call.slept));
+    Ok(UpdateDeadline::YieldCustom(1, Box::pin(wait)))
+}
+
 fn engine_config(limits: &SandboxLimits, pooling: bool) -> Config {
     crate::engine_config::engine_config(limits.memory_limit_bytes, limits.max_instances, pooling)
 }
@@ -283,14 +475,16 @@ fn linker(engine: &Engine) -> wasmtime::Result<Linker<GuestState>> {
     Ok(linker)
 }
 
-/// Advances the engine's epoch every [`EPOCH_TICK`] until the engine is dropped.
-fn start_epoch_ticker(engine: &Engine) -> std::io::Result<()> {
+/// Advances the engine's epoch every [`EPOCH_TICK`] while calls run (every [`IDLE_TICK`]
+/// otherwise) until the engine is dropped.
+fn start_epoch_ticker(engine: &Engine, running: Arc<AtomicU64>) -> std::io::Result<()> {
     let weak = engine.weak();
     std::thread::Builder::new()
         .name("wasm-epoch".to_owned())
         .spawn(move || {
             loop {
-                std::thread::sleep(EPOCH_TICK);
+                let busy = running.load(Ordering::Relaxed) > 0;
+                std::thread::sleep(if busy { EPOCH_TICK } else { IDLE_TICK });
                 match weak.upgrade() {
                     Some(engine) => engine.increment_epoch(),
                     None => break,

@@ -30,12 +30,20 @@ pub struct SlotStats {
     pub latency: LatencyHistogram,
     /// The most linear memory any instance of the slot was given, in bytes.
     pub memory_high_water_bytes: u64,
+    /// Epoch ticks (1 ms each) at which a call was running: an estimate of the guest
+    /// CPU time the slot used, in ms (a call of a few µs is seen at a tick rarely, in
+    /// proportion to its length).
+    pub epoch_ticks: u64,
+    /// Time calls slept because guest calls had used up their share of the cores
+    /// (`policies.guest_cpu_share`).
+    pub throttled_seconds: f64,
 }
 
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize)]
 pub struct FailureCounts {
     pub unavailable: u64,
-    /// Isolated calls that found no guest thread free in time.
+    /// Calls that found every one of the slot's call permits taken for
+    /// `policies.guest_wait_ms`.
     pub busy: u64,
     pub instantiate: u64,
     pub timeout: u64,
@@ -120,6 +128,8 @@ pub(crate) struct StatsCell {
     exit: AtomicU64,
     trap: AtomicU64,
     memory_peak: AtomicU64,
+    ticks: AtomicU64,
+    throttled_nanos: AtomicU64,
     instantiations: AtomicU64,
     reloads: AtomicU64,
     reload_failures: AtomicU64,
@@ -163,6 +173,18 @@ impl StatsCell {
             .fetch_max(u64::try_from(bytes).unwrap_or(u64::MAX), Ordering::Relaxed);
     }
 
+    /// The epoch ticks a call ran through and the time it slept for the share (most
+    /// calls have neither: two loads and no store).
+    pub(crate) fn record_ticks(&self, ticks: u64, throttled: Duration) {
+        if ticks > 0 {
+            self.ticks.fetch_add(ticks, Ordering::Relaxed);
+        }
+        if !throttled.is_zero() {
+            let nanos = u64::try_from(throttled.as_nanos()).unwrap_or(u64::MAX);
+            self.throttled_nanos.fetch_add(nanos, Ordering::Relaxed);
+        }
+    }
+
     pub(crate) fn record_instantiation(&self) {
         self.instantiations.fetch_add(1, Ordering::Relaxed);
     }
@@ -201,6 +223,8 @@ impl StatsCell {
                 sum_seconds: load(&self.sum_nanos) as f64 / 1e9,
             },
             memory_high_water_bytes: load(&self.memory_peak),
+            epoch_ticks: load(&self.ticks),
+            throttled_seconds: load(&self.throttled_nanos) as f64 / 1e9,
         }
     }
 }

@@ -4,18 +4,19 @@
 
 use std::io::{BufRead, Write};
 use std::path::{Path, PathBuf};
-use std::sync::Arc;
-use std::time::{Duration, Instant};
 
+use std::time::Duration;
+
+use futures_executor::block_on;
 use serde::Serialize;
 use serde_json::{Value, json};
 
 use crate::cache::ModuleCache;
 use crate::error::RuntimeError;
-use crate::module::{LoadedModule, ModuleInfo, PoolOptions};
-use crate::policies::{ModuleSource, Policies, json_config_value};
-use crate::runtime::{PolicyRuntime, RuntimeConfig, test_call};
-use crate::sandbox::{Sandbox, SandboxLimits};
+use crate::module::{LoadedModule, PoolOptions};
+use crate::policies::{Policies, SlotConfig, json_config_value};
+use crate::runtime::{PolicyRuntime, RuntimeConfig};
+use crate::sandbox::{CallMode, Sandbox, SandboxLimits};
 use crate::stats::StatsCell;
 use crate::types::{AuthorizeRequest, Intent, Slot};
 
@@ -33,14 +34,35 @@ fn golden_text(slot: Slot) -> &'static str {
     }
 }
 
-/// One golden case: input, expected answer, config overrides.
+/// One golden case: input, expected answer, config overrides; for `policy test`, the
+/// host imports it may use and its budget of epoch ticks.
 #[derive(Debug, Clone)]
 pub struct GoldenCase {
     pub name: String,
     pub config: serde_json::Map<String, Value>,
     pub input: Value,
     pub expect: Value,
+    /// The host imports the case declares (`policy test --strict` fails it when the
+    /// guest uses another): `config` (implied when it declares config keys), `random`,
+    /// `log`, `environment`, `stdin`, `exit`.
+    pub imports: Option<Vec<String>>,
+    /// The most 1 ms epoch ticks its call may run through (`policy test`).
+    pub budget_ticks: Option<u64>,
 }
+
+/// The host imports a case may declare (see [`GoldenCase::imports`]).
+pub const HOST_IMPORTS: [&str; 6] = ["config", "random", "log", "environment", "stdin", "exit"];
+
+/// The fields a case line may have: a misspelt one is an error, not a silently ignored
+/// expectation.
+const CASE_FIELDS: [&str; 6] = [
+    "name",
+    "config",
+    "input",
+    "expect",
+    "imports",
+    "budget_ticks",
+];
 
 /// The golden cases of `slot`. Blank lines and lines starting with `#` are skipped.
 pub fn golden_cases(slot: Slot) -> Vec<GoldenCase> {
@@ -60,21 +82,65 @@ pub fn parse_cases(text: &str) -> Result<Vec<GoldenCase>, String> {
         if line.is_empty() || line.starts_with('#') {
             continue;
         }
-        let mut case: Value =
-            serde_json::from_str(line).map_err(|e| format!("line {}: {e}", n + 1))?;
+        let at = n + 1;
+        let mut case: Value = serde_json::from_str(line).map_err(|e| format!("line {at}: {e}"))?;
+        let Some(fields) = case.as_object() else {
+            return Err(format!("line {at}: a case is a JSON object"));
+        };
+        if let Some(unknown) = fields.keys().find(|k| !CASE_FIELDS.contains(&k.as_str())) {
+            return Err(format!(
+                "line {at}: unknown field `{unknown}` (a case has {})",
+                CASE_FIELDS.join(", ")
+            ));
+        }
         if !case["input"].is_object() || !case["expect"].is_object() {
             return Err(format!(
-                "line {}: a case needs an `input` and an `expect` object",
-                n + 1
+                "line {at}: a case needs an `input` and an `expect` object"
+            ));
+        }
+        let imports = match case.get("imports") {
+            None | Some(Value::Null) => None,
+            Some(Value::Array(names)) => Some(
+                names
+                    .iter()
+                    .map(|name| match name.as_str() {
+                        Some(name) if HOST_IMPORTS.contains(&name) => Ok(name.to_owned()),
+                        _ => Err(format!(
+                            "line {at}: `imports` names host imports: {} (not {name})",
+                            HOST_IMPORTS.join(", ")
+                        )),
+                    })
+                    .collect::<Result<Vec<_>, _>>()?,
+            ),
+            Some(other) => {
+                return Err(format!(
+                    "line {at}: `imports` is a list of names, not {other}"
+                ));
+            }
+        };
+        let budget_ticks = match case.get("budget_ticks") {
+            None | Some(Value::Null) => None,
+            Some(v) => Some(v.as_u64().ok_or_else(|| {
+                format!("line {at}: `budget_ticks` is a whole number of 1 ms ticks, not {v}")
+            })?),
+        };
+        if !matches!(
+            case.get("config"),
+            None | Some(Value::Null | Value::Object(_))
+        ) {
+            return Err(format!(
+                "line {at}: `config` is an object of keys and values"
             ));
         }
         cases.push(GoldenCase {
             name: case["name"]
                 .as_str()
-                .map_or_else(|| format!("line {}", n + 1), str::to_owned),
+                .map_or_else(|| format!("line {at}"), str::to_owned),
             config: case["config"].as_object().cloned().unwrap_or_default(),
             input: case["input"].take(),
             expect: case["expect"].take(),
+            imports,
+            budget_ticks,
         });
     }
     Ok(cases)
@@ -93,6 +159,8 @@ pub struct CaseResult {
     pub duration_us: f64,
     /// The most linear memory the instance had been given after the call, in bytes.
     pub memory_bytes: u64,
+    /// The 1 ms epoch ticks the call ran through (0 for a call under a millisecond).
+    pub ticks: u64,
 }
 
 /// What [`check_module`] found.
@@ -173,54 +241,13 @@ pub fn check_module_with(
         cache_dir,
         call_deadline,
     } = options;
-    let defaults = RuntimeConfig::default();
-    let sandbox = Sandbox::new(SandboxLimits {
-        call_deadline,
-        memory_limit_bytes: defaults.memory_limit_bytes,
-        max_instances: 16,
-    })?;
-    let resolved = Policies::builtin().resolve(slot, Some(path))?;
-    let name = path.display().to_string();
-    let started = Instant::now();
-    let cache = ModuleCache::new(&sandbox, cache_dir);
-    let (component, _) = cache
-        .get_or_compile(&sandbox, &resolved.bytes, &resolved.module_hash, None)
-        .map_err(|e| RuntimeError::Compile {
-            module: name.clone(),
-            message: format!("{e:#}"),
-        })?;
-    let compile_ms = started.elapsed().as_secs_f64() * 1e3;
-    let info = ModuleInfo {
-        source: ModuleSource::File(path.to_owned()),
-        module_hash: resolved.module_hash,
-        fingerprint: resolved.fingerprint,
-        loaded_at: std::time::SystemTime::now(),
-        from_cache: false,
-        wit_version: crate::types::WIT_VERSIONS[0],
-    };
-    let pool = PoolOptions {
-        idle_max: 1,
-        max_calls: defaults.instance_max_calls,
-    };
-    let defaults_config = resolved.config.clone();
-    let module = LoadedModule::new(
-        Arc::clone(&sandbox),
-        slot,
-        &component,
-        resolved.config,
-        info,
-        pool,
-    )
-    .map_err(|message| RuntimeError::World {
-        module: name.clone(),
-        slot,
-        message,
-    })?;
-    test_call(&module).map_err(|failure| RuntimeError::TestCall {
-        module: name,
-        slot,
-        failure,
-    })?;
+    let ToolModule {
+        module,
+        defaults: defaults_config,
+        blake3,
+        size_bytes,
+        compile_ms,
+    } = ToolModule::load(path, Some(slot), cache_dir, call_deadline)?;
 
     let run = |case: GoldenCase| {
         let target = if case.config.is_empty() {
@@ -245,13 +272,82 @@ pub fn check_module_with(
     Ok(CheckReport {
         slot,
         module: path.to_owned(),
-        blake3: resolved.module_hash.to_hex().to_string(),
-        size_bytes: resolved.bytes.len(),
+        blake3,
+        size_bytes,
         compile_ms,
         wit_version,
         cases,
         own,
     })
+}
+
+/// A module file loaded the way the tools run it (`policy check`, `policy test`): the
+/// one place that reads, compiles (or takes from a cache), checks against a slot's world
+/// and test-calls a module outside a running server. Calls block the calling thread.
+pub(crate) struct ToolModule {
+    pub module: LoadedModule,
+    /// The slot's config from the built-in policies (what a server serves by default).
+    pub defaults: SlotConfig,
+    pub blake3: String,
+    pub size_bytes: usize,
+    pub compile_ms: f64,
+}
+
+impl ToolModule {
+    /// Loads `path` for `slot`, or for the one slot whose world it fits when `None`.
+    pub(crate) fn load(
+        path: &Path,
+        slot: Option<Slot>,
+        cache_dir: Option<PathBuf>,
+        call_deadline: Duration,
+    ) -> Result<Self, RuntimeError> {
+        let defaults = RuntimeConfig::default();
+        let sandbox = Sandbox::new(SandboxLimits {
+            call_deadline,
+            memory_limit_bytes: defaults.memory_limit_bytes,
+            max_instances: 16,
+            cpu_share: 1.0,
+        })?;
+        let name = path.display().to_string();
+        let cache = ModuleCache::new(&sandbox, cache_dir);
+        let pool = PoolOptions {
+            idle_max: 1,
+            max_calls: defaults.instance_max_calls,
+        };
+        let mut misfits = Vec::new();
+        for slot in slot.map_or(Slot::ALL.to_vec(), |slot| vec![slot]) {
+            let resolved = Policies::builtin().resolve(slot, Some(path))?;
+            let defaults = resolved.config.clone();
+            let (blake3, size_bytes) = (resolved.module_hash.to_hex(), resolved.bytes.len());
+            match crate::loader::load(&sandbox, &cache, slot, resolved, pool) {
+                Ok(loaded) => {
+                    return Ok(Self {
+                        module: loaded.module,
+                        defaults,
+                        blake3: blake3.to_string(),
+                        size_bytes,
+                        compile_ms: loaded.compile_ms,
+                    });
+                }
+                Err(RuntimeError::World { message, .. }) => misfits.push((slot, message)),
+                Err(e) => return Err(e),
+            }
+        }
+        Err(match (slot, misfits.pop()) {
+            (Some(slot), Some((_, message))) => RuntimeError::World {
+                module: name,
+                slot,
+                message,
+            },
+            _ => RuntimeError::NoSlot {
+                module: name,
+                message: "it exports none of the slots' interfaces (capability-policy: \
+                          homeserver:guest/policy, safety-filter: homeserver:guest/safety, \
+                          intent-classifier: homeserver:guest/intent)"
+                    .into(),
+            },
+        })
+    }
 }
 
 fn run_case(module: &LoadedModule, slot: Slot, case: GoldenCase) -> CaseResult {
@@ -267,13 +363,14 @@ fn run_case(module: &LoadedModule, slot: Slot, case: GoldenCase) -> CaseResult {
         got,
         duration_us: figures.latency.sum_seconds * 1e6,
         memory_bytes: figures.memory_high_water_bytes,
+        ticks: figures.epoch_ticks,
     }
 }
 
 /// Compares an answer with a golden expectation: `allow` for the policy; `blocked` and
 /// the set of `terms` for the filter; `action` and the `matched` list for the
 /// classifier. Fields the expectation leaves out are not compared.
-fn case_passes(slot: Slot, expect: &Value, got: &Value) -> bool {
+pub(crate) fn case_passes(slot: Slot, expect: &Value, got: &Value) -> bool {
     match slot {
         Slot::CapabilityPolicy => got.get("failure").is_none() && got["allow"] == expect["allow"],
         Slot::SafetyFilter => {
@@ -308,10 +405,15 @@ fn case_passes(slot: Slot, expect: &Value, got: &Value) -> bool {
 
 /// One input through one slot, as the JSON `policy eval` prints. Bad input gives
 /// `{"error": ..}`; a guest failure gives the safe default plus `"failure"`.
-fn evaluate(module: &LoadedModule, stats: &StatsCell, slot: Slot, input: &Value) -> Value {
+pub(crate) fn evaluate(
+    module: &LoadedModule,
+    stats: &StatsCell,
+    slot: Slot,
+    input: &Value,
+) -> Value {
     match slot {
         Slot::CapabilityPolicy => match serde_json::from_value::<AuthorizeRequest>(input.clone()) {
-            Ok(req) => match module.authorize(stats, &req) {
+            Ok(req) => match module.authorize_blocking(stats, &req) {
                 Ok(decision) => json!({"allow": decision.allow, "reason": decision.reason}),
                 Err(failure) => json!({"allow": false, "failure": failure.to_string()}),
             },
@@ -322,7 +424,8 @@ fn evaluate(module: &LoadedModule, stats: &StatsCell, slot: Slot, input: &Value)
                 return json!({"error": "expected {\"text\": \"...\"}"});
             };
             if slot == Slot::SafetyFilter {
-                let verdict = match module.check_text(stats, text) {
+                let checked = block_on(module.check_text(stats, text, CallMode::Blocking));
+                let verdict = match checked {
                     Ok((blocked, matches)) => crate::types::SafetyVerdict {
                         blocked,
                         matches,
@@ -332,7 +435,8 @@ fn evaluate(module: &LoadedModule, stats: &StatsCell, slot: Slot, input: &Value)
                 };
                 serde_json::to_value(verdict).unwrap_or_else(|e| json!({"error": e.to_string()}))
             } else {
-                let intent = module.classify(stats, text).unwrap_or_else(Intent::Failed);
+                let classified = block_on(module.classify(stats, text, CallMode::Blocking));
+                let intent = classified.unwrap_or_else(Intent::Failed);
                 serde_json::to_value(intent).unwrap_or_else(|e| json!({"error": e.to_string()}))
             }
         }

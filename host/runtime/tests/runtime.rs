@@ -13,8 +13,8 @@ use std::time::{Duration, Instant};
 
 use homeserver_runtime::{
     AuthorizeRequest, Caller, GuestFailure, Intent, IntentAction, ModuleSource, Operation,
-    PolicyRuntime, ReloadOutcome, RuntimeConfig, RuntimeError, Slot, TrapKind, check_module,
-    eval_lines, install_defaults,
+    PolicyRuntime, ReloadOutcome, RuntimeConfig, RuntimeError, Slot, TestOptions, TestOutcome,
+    TestReport, TrapKind, case_files, check_module, eval_lines, install_defaults, test_cases,
 };
 use tempfile::TempDir;
 
@@ -868,11 +868,12 @@ fn guest_panic_message_reaches_the_log() {
     assert!(log.contains("hostile guest writes to stderr"), "{log}");
 }
 
-/// Isolated calls run on guest threads: a looping guest holds one until its deadline,
-/// and a call finding every guest thread busy for `guest_wait` fails closed as `busy`
-/// (counted), while the async runtime's own thread stays free meanwhile.
+/// Async calls run on the caller's task and yield at every epoch tick: a looping guest
+/// holds its slot's place (`guest_concurrency`) until its deadline, and a call finding
+/// every place taken for `guest_wait` fails closed as `busy` (counted), while the async
+/// runtime's only thread stays free meanwhile.
 #[test]
-fn isolated_calls_wait_for_a_guest_thread_then_fail_closed() {
+fn async_calls_wait_for_a_place_then_fail_closed() {
     let dir = policies_dir();
     std::fs::copy(guest("hostile"), dir.path().join("hostile.wasm")).unwrap();
     std::fs::write(
@@ -882,7 +883,7 @@ fn isolated_calls_wait_for_a_guest_thread_then_fail_closed() {
     .unwrap();
     let runtime = Arc::new(
         PolicyRuntime::load(RuntimeConfig {
-            guest_threads: 1,
+            guest_concurrency: 1,
             guest_wait: Duration::from_millis(20),
             // Long enough that the looping call surely holds the thread when the second
             // call is made, however loaded the machine.
@@ -905,8 +906,8 @@ fn isolated_calls_wait_for_a_guest_thread_then_fail_closed() {
                     .await
             }
         });
-        // The looping call holds the only guest thread (from its start to its 3 s
-        // deadline); this one gives up waiting.
+        // The looping call holds the only place (from its start to its 3 s deadline);
+        // this one gives up waiting.
         tokio::time::sleep(Duration::from_millis(500)).await;
         let busy = runtime
             .authorize_isolated(owner(Operation::Read, "/pub/ok"))
@@ -916,7 +917,7 @@ fn isolated_calls_wait_for_a_guest_thread_then_fail_closed() {
         // The worker thread was free all along: timers and other tasks ran.
         let looped = looping.await.unwrap().unwrap_err();
         assert!(matches!(looped, GuestFailure::Timeout { .. }), "{looped}");
-        // The thread is free again, once the timed-out call has let go of it: on a
+        // The place is free again, once the timed-out call has let go of it: on a
         // loaded machine (the other tests beside this one) that can take longer than
         // the 20 ms a call waits, so a call refused as busy meanwhile is tried again.
         let started = std::time::Instant::now();
@@ -943,4 +944,232 @@ fn isolated_calls_wait_for_a_guest_thread_then_fail_closed() {
         .unwrap();
     assert_eq!(policy.failures.busy, 1 + busy_again);
     assert_eq!(policy.failures.timeout, 1);
+}
+
+/// Async calls together are held to `guest_cpu_share`: four calls of a policy that
+/// loops, running side by side until their 1 s deadline, get the share's epoch ticks
+/// (here 2% of the cores: ~20 ticks a second per core), not whole cores, and sleep the
+/// rest of the time (counted); a call into another slot made meanwhile is answered. The
+/// bound is the limiter's arithmetic, not a timing: unbounded, the loops would run
+/// about 1,000 ticks a second on each core they got.
+#[test]
+fn looping_calls_are_held_to_their_share_of_the_cores() {
+    let dir = policies_dir();
+    std::fs::copy(guest("hostile"), dir.path().join("hostile.wasm")).unwrap();
+    let toml = std::fs::read_to_string(dir.path().join("policies.toml")).unwrap();
+    let toml = toml.replacen(
+        "module = \"capability-policy.wasm\"",
+        "module = \"hostile.wasm\"",
+        1,
+    );
+    std::fs::write(dir.path().join("policies.toml"), toml).unwrap();
+    let share = 0.02;
+    let runtime = Arc::new(
+        PolicyRuntime::load(RuntimeConfig {
+            guest_cpu_share: share,
+            call_deadline: Duration::from_secs(1),
+            ..config(dir.path())
+        })
+        .unwrap(),
+    );
+    assert!(
+        runtime.status().iter().all(|s| s.serving),
+        "{:?}",
+        runtime.status()
+    );
+    let rt = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
+        .enable_all()
+        .build()
+        .unwrap();
+    let started = Instant::now();
+    rt.block_on(async {
+        let loops: Vec<_> = (0..4)
+            .map(|_| {
+                let runtime = runtime.clone();
+                tokio::spawn(async move {
+                    runtime
+                        .authorize_isolated(owner(Operation::Read, "/pub/loop"))
+                        .await
+                })
+            })
+            .collect();
+        tokio::time::sleep(Duration::from_millis(200)).await;
+        let verdict = runtime.check_text_isolated("hello world".into()).await;
+        assert!(verdict.failure.is_none() && !verdict.blocked, "{verdict:?}");
+        for task in loops {
+            let failure = task.await.unwrap().unwrap_err();
+            assert!(matches!(failure, GuestFailure::Timeout { .. }), "{failure}");
+        }
+    });
+    let elapsed = started.elapsed().as_secs_f64();
+    let policy = runtime
+        .stats()
+        .into_iter()
+        .find(|s| s.slot == Slot::CapabilityPolicy)
+        .unwrap();
+    let cores = std::thread::available_parallelism().map_or(1, usize::from) as f64;
+    let per_second = (share * cores * 1000.0).round();
+    // The burst (20 ticks per started core of the share), the rate over the run, and
+    // one unpaid tick per call (the one it runs into its deadline).
+    let bound = 20.0 * (share * cores).ceil() + per_second * elapsed + 4.0;
+    assert!(
+        (policy.epoch_ticks as f64) <= bound,
+        "{} ticks in {elapsed:.2} s, bound {bound:.0}",
+        policy.epoch_ticks
+    );
+    assert!(
+        policy.epoch_ticks >= 4,
+        "each loop ran: {}",
+        policy.epoch_ticks
+    );
+    assert!(
+        policy.throttled_seconds > 2.0,
+        "the loops slept most of their second: {}",
+        policy.throttled_seconds
+    );
+    assert_eq!(policy.failures.timeout, 4);
+}
+
+/// Writes `files` (relative path, text) under a new folder.
+fn folder_with(files: &[(&str, &str)]) -> TempDir {
+    let dir = tempfile::tempdir().unwrap();
+    for (path, text) in files {
+        let path = dir.path().join(path);
+        std::fs::create_dir_all(path.parent().unwrap()).unwrap();
+        std::fs::write(path, text).unwrap();
+    }
+    dir
+}
+
+fn test_options(strict: bool) -> TestOptions {
+    TestOptions {
+        slot: None,
+        strict,
+        budget_ticks: None,
+        call_deadline: Duration::from_millis(100),
+        cache_dir: Some(shared_cache()),
+    }
+}
+
+fn outcome<'r>(report: &'r TestReport, name: &str) -> &'r TestOutcome {
+    report
+        .cases
+        .iter()
+        .find(|c| c.name == name)
+        .unwrap_or_else(|| panic!("{name} in {report:?}"))
+}
+
+/// `policy test`: the cases of a guest's folder (cases.jsonl, then tests/*.jsonl) run
+/// each on a fresh instance; a wrong answer fails its case; in strict mode the guest
+/// sees only the config keys a case declares, and reading another fails the case.
+#[test]
+fn the_harness_holds_cases_to_their_answers_and_declared_config() {
+    let module = tempfile::NamedTempFile::new().unwrap();
+    std::fs::write(
+        module.path(),
+        homeserver_runtime::builtin_module(Slot::CapabilityPolicy).unwrap(),
+    )
+    .unwrap();
+    let owner_reads = r#"{"name": "owner reads", "input": {"operation": "read", "path": "/pub/a", "caller": "owner"}, "expect": {"allow": true}}"#;
+    let wrong = r#"{"name": "wrong on purpose", "input": {"operation": "read", "path": "/pub/a", "caller": "owner"}, "expect": {"allow": false}}"#;
+    let declared = r#"{"name": "declared", "config": {"read-only-prefixes": ["/pub/archive/"], "deny-prefixes": []}, "input": {"operation": "write", "path": "/pub/archive/x", "caller": "owner"}, "expect": {"allow": false}}"#;
+    let dir = folder_with(&[
+        (
+            "cases.jsonl",
+            &format!("# a comment\n{owner_reads}\n\n{wrong}\n"),
+        ),
+        ("tests/config.jsonl", declared),
+        ("tests/notes.txt", "not a case file"),
+    ]);
+    let files = case_files(dir.path()).unwrap();
+    assert_eq!(
+        files,
+        [
+            dir.path().join("cases.jsonl"),
+            dir.path().join("tests/config.jsonl")
+        ]
+    );
+
+    let report = test_cases(module.path(), &files, &test_options(false)).unwrap();
+    assert_eq!(report.slot, Slot::CapabilityPolicy, "found by its world");
+    assert_eq!((report.passed, report.failed), (2, 1), "{report:#?}");
+    let failed = outcome(&report, "wrong on purpose");
+    assert!(failed.problems[0].starts_with("expected"), "{failed:?}");
+    let read = outcome(&report, "owner reads");
+    assert_eq!(read.config_read, ["deny-prefixes", "read-only-prefixes"]);
+    assert!(read.imports.contains(&"config"), "{read:?}");
+
+    // Strict: the undeclared reads fail the case that declares nothing; the case that
+    // declares its keys (config implies the `config` import) passes if it uses nothing
+    // else.
+    let strict = test_cases(module.path(), &files, &test_options(true)).unwrap();
+    let read = outcome(&strict, "owner reads");
+    assert!(!read.passed);
+    assert!(
+        read.problems
+            .iter()
+            .any(|p| p.contains("config key `deny-prefixes`") && p.contains("strict")),
+        "{read:?}"
+    );
+    let declared = outcome(&strict, "declared");
+    let others: Vec<_> = declared
+        .imports
+        .iter()
+        .filter(|i| **i != "config")
+        .collect();
+    assert_eq!(declared.passed, others.is_empty(), "{declared:?}");
+
+    // A case file with a misspelt field is refused, naming the line.
+    let typo = folder_with(&[(
+        "cases.jsonl",
+        r#"{"name": "x", "input": {}, "expect": {}, "expected": {}}"#,
+    )]);
+    let error = test_cases(
+        module.path(),
+        &case_files(typo.path()).unwrap(),
+        &test_options(false),
+    )
+    .unwrap_err()
+    .to_string();
+    assert!(
+        error.contains("line 1: unknown field `expected`"),
+        "{error}"
+    );
+}
+
+/// `policy test` budgets and imports: a case over its tick budget fails (a guest that
+/// loops runs through its whole deadline), and in strict mode a guest that writes to
+/// stdout passes only where the case declares the `log` import.
+#[test]
+fn the_harness_holds_cases_to_their_budget_and_declared_imports() {
+    let prints = r#"{"name": "prints", "input": {"operation": "read", "path": "/pub/print", "caller": "owner"}, "expect": {"allow": true}}"#;
+    let declares = r#"{"name": "declares log", "imports": ["log"], "input": {"operation": "read", "path": "/pub/print", "caller": "owner"}, "expect": {"allow": true}}"#;
+    let loops = r#"{"name": "loops", "budget_ticks": 5, "input": {"operation": "read", "path": "/pub/loop", "caller": "owner"}, "expect": {"allow": false}}"#;
+    let dir = folder_with(&[("cases.jsonl", &format!("{prints}\n{declares}\n{loops}\n"))]);
+    let files = case_files(dir.path()).unwrap();
+    let report = test_cases(&guest("hostile"), &files, &test_options(true)).unwrap();
+    let loops = outcome(&report, "loops");
+    assert!(!loops.passed);
+    assert!(loops.ticks > 5, "{loops:?}");
+    assert!(
+        loops
+            .problems
+            .iter()
+            .any(|p| p.contains("over its budget of 5")),
+        "{loops:?}"
+    );
+    let prints = outcome(&report, "prints");
+    assert!(prints.imports.contains(&"log"), "{prints:?}");
+    assert!(
+        prints
+            .problems
+            .iter()
+            .any(|p| p.contains("host import `log`")),
+        "{prints:?}"
+    );
+    let declares = outcome(&report, "declares log");
+    let undeclared: Vec<_> = declares.imports.iter().filter(|i| **i != "log").collect();
+    assert_eq!(declares.passed, undeclared.is_empty(), "{declares:?}");
+    assert!(report.failed >= 2, "{report:#?}");
 }

@@ -263,12 +263,33 @@ pub struct PoliciesConfig {
     pub instances_per_slot: usize,
     /// Guest instances alive at once across all slots.
     pub max_instances: u32,
-    /// Threads running guest calls; 0 = the number of cores (at least 2).
-    pub guest_threads: usize,
-    /// How long a request waits for a free guest thread before it is answered 503.
+    /// Calls of one slot running at once; 0 = eight per core.
+    pub guest_concurrency: usize,
+    /// How long a call waits for a place before its request is answered 503.
     pub guest_wait_ms: u64,
-    /// Niceness of the guest threads (0 to 19; Linux).
-    pub guest_nice: u8,
+    /// The share of the cores guest calls may keep busy together (0 < share <= 1).
+    pub guest_cpu_share: f64,
+    /// No longer used (guest calls run on the async workers since 0.10): accepted so
+    /// an older config file still loads, with a warning at start.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub guest_threads: Option<usize>,
+    /// No longer used, like `guest_threads`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub guest_nice: Option<u8>,
+}
+
+impl PoliciesConfig {
+    /// The settings that are set but no longer do anything, for a warning at start.
+    pub fn retired_settings(&self) -> Vec<&'static str> {
+        let mut retired = Vec::new();
+        if self.guest_threads.is_some() {
+            retired.push("policies.guest_threads");
+        }
+        if self.guest_nice.is_some() {
+            retired.push("policies.guest_nice");
+        }
+        retired
+    }
 }
 
 /// See [`PoliciesConfig::on_start_error`].
@@ -512,16 +533,17 @@ impl Config {
                 name("policies.memory_limit_mb")
             ));
         }
-        if self.policies.guest_nice > 19 {
+        let share = self.policies.guest_cpu_share;
+        if !(share > 0.0 && share <= 1.0) {
             problems.push(format!(
-                "{} must be from 0 to 19 (a nice value; 0 = the server's priority)",
-                name("policies.guest_nice")
+                "{} must be above 0 and at most 1 (a share of the cores, e.g. 0.25)",
+                name("policies.guest_cpu_share")
             ));
         }
-        if self.policies.guest_threads > 1024 {
+        if self.policies.guest_concurrency > 65_536 {
             problems.push(format!(
-                "{} must be at most 1024",
-                name("policies.guest_threads")
+                "{} must be at most 65536 (0 = eight per core)",
+                name("policies.guest_concurrency")
             ));
         }
         if self.http.tls_cert_file.is_some() != self.http.tls_key_file.is_some() {

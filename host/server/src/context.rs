@@ -354,15 +354,21 @@ async fn load_policies(config: &Config) -> Result<PolicyRuntime, StartError> {
             p.instances_per_slot
         },
         max_instances: p.max_instances,
-        guest_threads: if p.guest_threads == 0 {
-            defaults.guest_threads
+        guest_concurrency: if p.guest_concurrency == 0 {
+            defaults.guest_concurrency
         } else {
-            p.guest_threads
+            p.guest_concurrency
         },
         guest_wait: std::time::Duration::from_millis(p.guest_wait_ms),
-        guest_nice: p.guest_nice,
+        guest_cpu_share: p.guest_cpu_share,
         ..defaults
     };
+    for setting in p.retired_settings() {
+        tracing::warn!(
+            "{setting} is no longer used and is ignored: guest calls run on the async \
+             workers (see policies.guest_concurrency and policies.guest_cpu_share)"
+        );
+    }
     let runtime = tokio::task::spawn_blocking(move || PolicyRuntime::load(runtime_config))
         .await
         .map_err(|e| StartError::RuntimeStart(e.to_string()))??;

@@ -301,6 +301,11 @@ struct CallsView {
     latency: Vec<LatencyBucket>,
     /// The most linear memory an instance of the slot was given, in bytes.
     memory_high_water_bytes: u64,
+    /// The slot's guest CPU time, estimated: the 1 ms epoch ticks at which a call was
+    /// running.
+    cpu_ms: u64,
+    /// Time its calls slept because guest calls had used up `policies.guest_cpu_share`.
+    throttled_ms: f64,
 }
 
 #[derive(Serialize)]
@@ -329,6 +334,8 @@ impl From<homeserver_runtime::SlotStats> for CallsView {
                 .map(|(le_ms, &calls)| LatencyBucket { le_ms, calls })
                 .collect(),
             memory_high_water_bytes: s.memory_high_water_bytes,
+            cpu_ms: s.epoch_ticks,
+            throttled_ms: ms(s.throttled_seconds),
         }
     }
 }

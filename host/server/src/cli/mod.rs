@@ -127,6 +127,36 @@ pub enum PolicyCommand {
         #[arg(long)]
         report: bool,
     },
+    /// Test a guest with the case files of its folder (cases.jsonl and tests/*.jsonl),
+    /// each case on a fresh instance. Exit code 0 when every case passes, 1 when one
+    /// fails, 2 when the module or a case file cannot be used.
+    Test {
+        /// The guest's folder (or one case file).
+        dir: PathBuf,
+        /// The .wasm component; default: the one .wasm in DIR, or in
+        /// DIR/target/wasm32-wasip2/release (what `policy new`'s build makes).
+        #[arg(long, value_name = "FILE")]
+        module: Option<PathBuf>,
+        /// capability-policy, safety-filter or intent-classifier; default: the slot
+        /// whose world the module fits.
+        #[arg(long)]
+        slot: Option<String>,
+        /// Hold every case to what it declares: the guest sees only the case's
+        /// `config` keys (reading another fails the case) and may use only the host
+        /// imports the case's `imports` names (random, log, environment, stdin, exit).
+        #[arg(long)]
+        strict: bool,
+        /// The most 1 ms epoch ticks a case's call may run through, for cases that
+        /// set no `budget_ticks` of their own.
+        #[arg(long, value_name = "TICKS")]
+        budget_ticks: Option<u64>,
+        /// Each guest call's deadline in ms.
+        #[arg(long, value_name = "MS", default_value_t = 100, value_parser = clap::value_parser!(u64).range(50..=600_000))]
+        deadline_ms: u64,
+        /// Print the report as one JSON document instead of text.
+        #[arg(long)]
+        json: bool,
+    },
     /// Start a new guest: write a ready crate for SLOT into DIR (Cargo.toml, the WIT,
     /// a working src/lib.rs, cases.jsonl, a README with the build → check → reload loop).
     New {

@@ -1,11 +1,13 @@
-//! `homeserver policy check|eval|install|new`: the plugin author's tools, over the
-//! runtime's library functions.
+//! `homeserver policy check|test|eval|install|new`: the plugin author's tools, over
+//! the runtime's library functions.
 
 use std::process::ExitCode;
 
+use std::path::{Path, PathBuf};
+
 use homeserver_runtime::{
-    CheckOptions, GuestFailure, RuntimeError, Slot, check_module_with, eval_lines,
-    install_defaults, parse_cases,
+    CheckOptions, GuestFailure, RuntimeError, Slot, TestOptions, TestReport, case_files,
+    check_module_with, eval_lines, install_defaults, parse_cases, test_cases,
 };
 
 use crate::cli::PolicyCommand;
@@ -21,17 +23,83 @@ pub fn run(command: PolicyCommand) -> ExitCode {
     }
 }
 
-/// `policy check --report`: a line per case, its result, call time and memory.
+/// `policy check --report`: a line per case, its result, call time, epoch ticks (1 ms
+/// each) and memory.
 fn print_cases(which: &str, cases: &[homeserver_runtime::CaseResult]) {
     for case in cases {
         println!(
-            "{which:6} {:4} {:>9.1} µs {:>8.1} KiB  {}",
+            "{which:6} {:4} {:>9.1} µs {:>4} ticks {:>8.1} KiB  {}",
             if case.passed { "ok" } else { "FAIL" },
             case.duration_us,
+            case.ticks,
             case.memory_bytes as f64 / 1024.0,
             case.name
         );
     }
+}
+
+/// The module `policy test DIR` runs when not told: the one .wasm in DIR (a Python
+/// guest's build), else the one in DIR/target/wasm32-wasip2/release (a Rust guest's).
+fn find_module(dir: &Path) -> Result<PathBuf, String> {
+    let wasm_in = |folder: &Path| -> Vec<PathBuf> {
+        std::fs::read_dir(folder)
+            .map(|entries| {
+                entries
+                    .filter_map(|e| e.ok().map(|e| e.path()))
+                    .filter(|p| p.extension().is_some_and(|e| e == "wasm") && p.is_file())
+                    .collect()
+            })
+            .unwrap_or_default()
+    };
+    for folder in [dir.to_owned(), dir.join("target/wasm32-wasip2/release")] {
+        match &wasm_in(&folder)[..] {
+            [] => continue,
+            [one] => return Ok(one.clone()),
+            several => {
+                return Err(format!(
+                    "{} holds {} modules: name the one to test with --module FILE",
+                    folder.display(),
+                    several.len()
+                ));
+            }
+        }
+    }
+    Err(format!(
+        "no module in {} or its target/wasm32-wasip2/release: build the guest first \
+         (cargo build --release --target wasm32-wasip2, or ./build.sh) or name it with \
+         --module FILE",
+        dir.display()
+    ))
+}
+
+/// `policy test`'s text report: a line per case, why a failed one failed, a summary.
+fn print_test_report(report: &TestReport, dir: &Path) {
+    println!(
+        "{}: slot {} (WIT {}, blake3 {}){}",
+        report.module.display(),
+        report.slot,
+        report.wit_version,
+        report.blake3.get(..16).unwrap_or(&report.blake3),
+        if report.strict { ", strict" } else { "" }
+    );
+    for case in &report.cases {
+        let file = match case.file.strip_prefix(dir) {
+            Ok(inside) if !inside.as_os_str().is_empty() => inside,
+            _ => &case.file,
+        };
+        println!(
+            "{:4} {:>9.1} µs {:>4} ticks  {}: {}",
+            if case.passed { "ok" } else { "FAIL" },
+            case.duration_us,
+            case.ticks,
+            file.display(),
+            case.name
+        );
+        for problem in &case.problems {
+            println!("       {problem}");
+        }
+    }
+    println!("{} passed, {} failed", report.passed, report.failed);
 }
 
 fn slot(name: &str) -> Result<Slot, String> {
@@ -120,6 +188,40 @@ fn execute(command: PolicyCommand) -> Result<ExitCode, String> {
                 report.own.len() - own_failed
             );
             Ok(if own_failed == 0 {
+                ExitCode::SUCCESS
+            } else {
+                ExitCode::FAILURE
+            })
+        }
+        PolicyCommand::Test {
+            dir,
+            module,
+            slot: name,
+            strict,
+            budget_ticks,
+            deadline_ms,
+            json,
+        } => {
+            let module = match module {
+                Some(module) => module,
+                None => find_module(&dir)?,
+            };
+            let options = TestOptions {
+                slot: name.as_deref().map(slot).transpose()?,
+                strict,
+                budget_ticks,
+                call_deadline: std::time::Duration::from_millis(deadline_ms),
+                cache_dir: None,
+            };
+            let files = case_files(&dir).map_err(|e| e.to_string())?;
+            let report = test_cases(&module, &files, &options).map_err(|e| e.to_string())?;
+            if json {
+                let text = serde_json::to_string_pretty(&report).map_err(|e| e.to_string())?;
+                println!("{text}");
+            } else {
+                print_test_report(&report, &dir);
+            }
+            Ok(if report.failed == 0 {
                 ExitCode::SUCCESS
             } else {
                 ExitCode::FAILURE

@@ -4,7 +4,8 @@
 //! it can hide paths from everyone: a public read it denies is 404, as if nothing were
 //! there, and a public listing leaves denied entries out. A guest that fails (trap,
 //! timeout, memory) never allows: the request gets a 500 (a 503 when no module is
-//! loaded at all, or every guest thread is busy).
+//! loaded at all, or when the policy's calls are all taken by others for
+//! `policies.guest_wait_ms`).
 
 use std::sync::Arc;
 
@@ -68,8 +69,8 @@ fn guest_failed(e: GuestFailure) -> ServiceError {
                     .into(),
             )
         }
-        // Every guest thread is busy (a guest looping until its deadline, or a burst):
-        // fail closed, and say it may pass.
+        // Every place for a policy call is taken (a guest looping until its deadline,
+        // or a burst): fail closed, and say it may pass.
         GuestFailure::Busy { reason, .. } => {
             tracing::warn!(%reason, "capability policy busy: answering 503");
             ServiceError::Busy(
@@ -95,8 +96,8 @@ impl AccessControl {
         &self.policy
     }
 
-    /// Asks the policy (off the async workers: a guest that loops holds a guest thread
-    /// until its deadline, never a worker); `Some(refusal)` when it denies: 403 with the
+    /// Asks the policy (an async call: a guest that loops yields the worker every
+    /// millisecond until its deadline); `Some(refusal)` when it denies: 403 with the
     /// policy's reason, or to the public 404 without it.
     async fn decide(
         &self,
@@ -141,7 +142,7 @@ impl AccessControl {
     }
 
     /// Whether the public may read each `(user, path)`, asked as a GET (a listing when
-    /// the path ends in `/`), in one guest-thread visit for those not answered before.
+    /// the path ends in `/`), in one call's place for those not answered before.
     /// Events name paths, so feeds and streams ask this too.
     pub async fn public_can_read<'p>(
         &self,

@@ -186,6 +186,19 @@ async fn policies_show_what_their_calls_cost() {
             .await,
         Some(high_water as f64)
     );
+    // CPU (the 1 ms ticks a call was seen running: a few µs calls are rarely seen) and
+    // throttling (none: these calls are short), as /metrics has them.
+    let cpu_ms = policy["cpu_ms"].as_u64().unwrap();
+    assert_eq!(policy["throttled_ms"].as_f64(), Some(0.0), "{policy}");
+    let ticks = host
+        .metric(r#"hs_guest_epoch_ticks_total{slot="capability-policy"}"#)
+        .await;
+    assert!(ticks >= Some(cpu_ms as f64), "{ticks:?} {policy}");
+    assert_eq!(
+        host.metric(r#"hs_guest_throttled_seconds_total{slot="capability-policy"}"#)
+            .await,
+        Some(0.0)
+    );
 }
 
 #[tokio::test]

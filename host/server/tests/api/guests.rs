@@ -1,6 +1,7 @@
-//! Guests in a running server: guest calls run on guest threads of their own, so a
-//! policy that loops until its deadline (or hoards memory) cannot slow the requests it
-//! is not asked about, and what it was asked fails closed; the policy decides public
+//! Guests in a running server: guest calls yield the async workers every millisecond
+//! and are held to their share of the cores, so a policy that loops until its deadline
+//! (or hoards memory) cannot stop the requests it is not asked about, and what it was
+//! asked fails closed; the policy decides public
 //! reads, listings and feeds (WIT 0.2.0); a new guest goes from template to serving.
 
 use std::sync::Arc;
@@ -26,7 +27,7 @@ async fn a_looping_guest_does_not_slow_requests_that_do_not_ask_it() {
                 "[capability-policy]\nmodule = \"hostile.wasm\"\n",
             )
             .unwrap();
-            c.policies.guest_threads = 2;
+            c.policies.guest_concurrency = 2;
             // What the figures below assume (the suite's hosts allow 1 s).
             c.policies.call_deadline_ms = 100;
         })
@@ -63,7 +64,7 @@ async fn a_looping_guest_does_not_slow_requests_that_do_not_ask_it() {
     for task in hostile {
         let (status, at) = task.await.unwrap();
         // Failed closed: 500 (the guest ran past its deadline or memory) or 503 (no
-        // guest thread free in time); never allowed.
+        // place for the call in time); never allowed.
         assert!(status == 500 || status == 503, "{status}");
         last_hostile = last_hostile.max(at);
     }
@@ -166,9 +167,22 @@ async fn a_new_guest_builds_checks_and_serves_after_an_edit() {
                     let words: Vec<&str> = l.split_whitespace().take(2).collect();
                     matches!(words[..], ["golden" | "yours", "ok" | "FAIL"])
                 })
-                .all(|l| l.contains(" µs ") && l.contains(" KiB ")),
+                .all(|l| l.contains(" µs ") && l.contains(" ticks ") && l.contains(" KiB ")),
             "{checked}"
         );
+        // The harness: the template's cases, each on a fresh instance, strict (the
+        // templates read no config they do not declare and use no host import), as JSON.
+        let tested = std::process::Command::new(homeserver)
+            .args(["policy", "test", "--strict", "--json", "--module"])
+            .arg(&module)
+            .arg(&dir)
+            .output()
+            .unwrap();
+        assert!(tested.status.success(), "{tested:?}");
+        let report: serde_json::Value = serde_json::from_slice(&tested.stdout).unwrap();
+        assert_eq!(report["slot"].as_str(), Some(slot), "{report}");
+        assert_eq!(report["failed"], 0, "{report}");
+        assert_eq!(report["passed"].as_u64(), Some(yours as u64), "{report}");
         modules.push((dir, module));
     }
 
@@ -456,4 +470,10 @@ fn a_python_guest_from_the_template_builds_and_passes_its_cases() {
         checked.contains("cases.jsonl): 6 passed, 0 failed"),
         "{checked}"
     );
+    // The harness finds the module in the folder, and the slot from its world.
+    let tested = run(std::process::Command::new(homeserver)
+        .args(["policy", "test", "--deadline-ms", "10000"])
+        .arg(&dir));
+    assert!(tested.contains("slot capability-policy"), "{tested}");
+    assert!(tested.contains("\n6 passed, 0 failed\n"), "{tested}");
 }

@@ -634,6 +634,16 @@
       h('span', {class: 'spark', title, 'aria-label': `latency histogram: ${title.replace(/\n/g, ', ')}`}, bars));
   }
 
+  // Guest CPU time (1 ms epoch ticks seen running) and the time calls slept because the
+  // guests' share of the cores (policies.guest_cpu_share) was used up.
+  function cpuNode(c) {
+    if (!c) return h('span', {class: 'muted'}, '–');
+    const cpu = h('span', null, `${c.cpu_ms} ms`);
+    if (!c.throttled_ms) return cpu;
+    return h('span', null, cpu, h('span', {class: 'error-text', title: 'time its calls slept: guest calls had used up policies.guest_cpu_share'},
+      ` (slowed ${formatMs(c.throttled_ms)})`));
+  }
+
   function failuresNode(c) {
     const failed = c ? Object.entries(c.failures).filter(([, n]) => n > 0) : [];
     if (!failed.length) return h('span', {class: 'muted'}, 'none');
@@ -662,6 +672,7 @@
       h('td', {'data-label': 'Latency', class: 'nowrap'}, latencyNode(s.calls)),
       h('td', {'data-label': 'Failures', class: 'failures'}, failuresNode(s.calls)),
       h('td', {'data-label': 'Memory peak', class: 'memory-peak'}, formatBytes(s.calls && s.calls.memory_high_water_bytes)),
+      h('td', {'data-label': 'CPU', class: 'cpu nowrap'}, cpuNode(s.calls)),
       h('td', {'data-label': 'Last error', class: 'wrap'},
         err ? h('span', {class: 'error-text'}, err, s.last_error_at ? h('span', {class: 'muted small'}, ` (${formatTime(s.last_error_at)})`) : null)
           : h('span', {class: 'muted'}, 'none')));
