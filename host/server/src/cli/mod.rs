@@ -162,7 +162,8 @@ pub enum PolicyCommand {
     New {
         #[arg(long)]
         slot: String,
-        /// The guest's language: rust (any slot) or python (capability-policy; built
+        /// The guest's language: rust (any slot), javascript (capability-policy; built
+        /// with componentize-js) or python (capability-policy; built
         /// with componentize-py).
         #[arg(long, value_enum, default_value = "rust")]
         lang: crate::cli::policy_template::Lang,

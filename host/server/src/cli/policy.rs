@@ -257,7 +257,7 @@ fn execute(command: PolicyCommand) -> Result<ExitCode, String> {
             }
             let build = match lang {
                 Lang::Rust => "cargo build --release --target wasm32-wasip2",
-                Lang::Python => "./build.sh",
+                Lang::Python | Lang::Javascript => "./build.sh",
             };
             println!(
                 "\nnext: cd {} && {build} && \

@@ -405,6 +405,82 @@ async fn a_policy_built_for_wit_0_1_serves_and_public_reads_stay_open() {
     );
 }
 
+/// `policy new --lang javascript`: the JavaScript template builds with its own build.sh
+/// (componentize-js, from what scripts/build-js-tools installed), and passes its cases
+/// through `policy test --strict` (it imports nothing but `config`, and reads none) and
+/// `policy check`. Skipped with a reason without componentize-js; a failure when CI=true.
+#[test]
+fn a_javascript_guest_from_the_template_builds_and_passes_its_cases() {
+    // No server, so no backend: the suite's second run (PostgreSQL + S3) skips it.
+    if std::env::var_os("HS_TEST_BACKEND").is_some() {
+        eprintln!("skipped on HS_TEST_BACKEND: it runs no server, the first run covers it");
+        return;
+    }
+    let homeserver = env!("CARGO_BIN_EXE_homeserver");
+    let tools = std::path::Path::new(env!("CARGO_MANIFEST_DIR"))
+        .join("../../target/tools/componentize-js/node_modules")
+        .canonicalize();
+    let node_modules = match tools {
+        Ok(dir) if dir.join("@bytecodealliance/componentize-js").is_dir() => dir,
+        _ => {
+            let reason = "no componentize-js under target/tools (scripts/build-js-tools)";
+            assert!(
+                std::env::var("CI").as_deref() != Ok("true"),
+                "CI=true: {reason}"
+            );
+            eprintln!("SKIPPED the JavaScript template test: {reason}");
+            return;
+        }
+    };
+    let tmp = tempfile::tempdir().unwrap();
+    let dir = tmp.path().join("js-policy");
+    let run = |cmd: &mut std::process::Command| {
+        let out = cmd.output().unwrap();
+        let text = format!(
+            "{}{}",
+            String::from_utf8_lossy(&out.stdout),
+            String::from_utf8_lossy(&out.stderr)
+        );
+        assert!(out.status.success(), "{cmd:?} failed:\n{text}");
+        text
+    };
+    run(std::process::Command::new(homeserver)
+        .args([
+            "policy",
+            "new",
+            "--slot",
+            "capability-policy",
+            "--lang",
+            "js",
+        ])
+        .arg(&dir));
+    // The template's build.sh installs componentize-js into node_modules once: lend it
+    // ours.
+    std::os::unix::fs::symlink(&node_modules, dir.join("node_modules")).unwrap();
+    let built = run(&mut std::process::Command::new(dir.join("build.sh")));
+    assert!(built.contains("built js_policy.wasm"), "{built}");
+    // The module is found in the folder, the slot from its world; the first call of
+    // this 12 MB component under the unoptimized test build can outlast 100 ms.
+    let tested = run(std::process::Command::new(homeserver)
+        .args(["policy", "test", "--strict", "--deadline-ms", "10000"])
+        .arg(&dir));
+    assert!(
+        tested.contains("slot capability-policy (WIT 0.2.0"),
+        "{tested}"
+    );
+    assert!(tested.contains("\n6 passed, 0 failed\n"), "{tested}");
+    let checked = run(std::process::Command::new(homeserver)
+        .args(["policy", "check"])
+        .arg(dir.join("js_policy.wasm"))
+        .args(["--slot", "capability-policy", "--cases"])
+        .arg(dir.join("cases.jsonl"))
+        .args(["--deadline-ms", "10000"]));
+    assert!(
+        checked.contains("cases.jsonl): 6 passed, 0 failed"),
+        "{checked}"
+    );
+}
+
 /// `policy new --lang python`: the Python template builds with its own build.sh
 /// (componentize-py, from the venv scripts/build-python-guest made) and passes
 /// `policy check` with its cases. Skipped with a reason without componentize-py; a

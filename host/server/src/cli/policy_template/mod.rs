@@ -3,7 +3,9 @@
 //! contract this server speaks, a working guest (`src/lib.rs`), its own golden cases
 //! (`cases.jsonl`, for `policy check --cases`) and a README with the edit → build →
 //! check → reload loop. With `--lang python` (capability-policy only): `app.py`, a
-//! `build.sh` running componentize-py, the WIT, the cases and a README. The templates
+//! `build.sh` running componentize-py, the WIT, the cases and a README; with `--lang
+//! javascript` (capability-policy only): `app.js`, `package.json`, `build.mjs` and a
+//! `build.sh` running componentize-js, the WIT, the cases and a README. The templates
 //! are the files beside this one.
 
 use std::path::{Path, PathBuf};
@@ -16,6 +18,8 @@ const WIT: &str = include_str!("../../../../../wit/guest.wit");
 const WIT_BINDGEN: &str = "0.61";
 /// The componentize-py of Python guests (scripts/build-python-guest).
 const COMPONENTIZE_PY: &str = "0.25.1";
+/// The componentize-js of JavaScript guests (scripts/build-js-tools).
+const COMPONENTIZE_JS: &str = "0.23.0";
 
 /// The language of a new guest.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
@@ -23,6 +27,9 @@ pub enum Lang {
     Rust,
     /// componentize-py; capability-policy only.
     Python,
+    /// componentize-js; capability-policy only.
+    #[value(alias = "js")]
+    Javascript,
 }
 
 /// What `new` wrote.
@@ -36,10 +43,15 @@ pub struct NewGuest {
 
 /// Writes a guest for `slot` in `lang` into `dir` (which must not exist, or be empty).
 pub fn new_guest(slot: Slot, lang: Lang, dir: &Path) -> Result<NewGuest, String> {
-    if lang == Lang::Python && slot != Slot::CapabilityPolicy {
+    if lang != Lang::Rust && slot != Slot::CapabilityPolicy {
+        let language = if lang == Lang::Python {
+            "Python"
+        } else {
+            "JavaScript"
+        };
         return Err(format!(
-            "a Python template exists for capability-policy only, not {slot} (write {slot} \
-             in Rust, or start from the capability-policy one and its WIT world)"
+            "a {language} template exists for capability-policy only, not {slot} (write \
+             {slot} in Rust, or start from the capability-policy one and its WIT world)"
         ));
     }
     if dir.exists()
@@ -104,6 +116,7 @@ strip = true
             .replace("{file}", &file)
             .replace("{wit_version}", wit_version())
             .replace("{componentize_py}", COMPONENTIZE_PY)
+            .replace("{componentize_js}", COMPONENTIZE_JS)
     };
     let (files, module): (Vec<(&str, String)>, PathBuf) = match lang {
         Lang::Rust => (
@@ -125,6 +138,19 @@ strip = true
                 ("cases.jsonl", cases.to_owned()),
                 ("README.md", fill(include_str!("README.py.md.txt"))),
                 (".gitignore", "/.venv\n*.wasm\n__pycache__/\n".to_owned()),
+            ],
+            PathBuf::from(format!("{file}.wasm")),
+        ),
+        Lang::Javascript => (
+            vec![
+                ("app.js", include_str!("policy.js.txt").to_owned()),
+                ("build.mjs", fill(include_str!("build.mjs.txt"))),
+                ("package.json", fill(include_str!("package.json.txt"))),
+                ("build.sh", fill(include_str!("build.js.sh.txt"))),
+                ("wit/guest.wit", WIT.to_owned()),
+                ("cases.jsonl", cases.to_owned()),
+                ("README.md", fill(include_str!("README.js.md.txt"))),
+                (".gitignore", "/node_modules\n*.wasm\n".to_owned()),
             ],
             PathBuf::from(format!("{file}.wasm")),
         ),
@@ -225,5 +251,40 @@ mod tests {
         assert!(!readme.contains("{file}") && !readme.contains("{componentize_py}"));
         let err = new_guest(Slot::SafetyFilter, Lang::Python, &tmp.path().join("f")).unwrap_err();
         assert!(err.contains("capability-policy only"), "{err}");
+    }
+
+    #[test]
+    fn writes_a_javascript_guest_for_the_policy_slot_only() {
+        let tmp = tempfile::tempdir().unwrap();
+        let dir = tmp.path().join("js-policy");
+        let made = new_guest(Slot::CapabilityPolicy, Lang::Javascript, &dir).unwrap();
+        assert_eq!(made.module, Path::new("js_policy.wasm"));
+        let build = std::fs::read_to_string(dir.join("build.mjs")).unwrap();
+        assert!(build.contains("'js_policy.wasm'") && build.contains("disableFeatures"));
+        let package: serde_json::Value =
+            serde_json::from_str(&std::fs::read_to_string(dir.join("package.json")).unwrap())
+                .unwrap();
+        assert_eq!(package["name"], "js-policy");
+        assert_eq!(
+            package["devDependencies"]["@bytecodealliance/componentize-js"],
+            COMPONENTIZE_JS
+        );
+        for file in ["build.sh", "README.md", "app.js"] {
+            let text = std::fs::read_to_string(dir.join(file)).unwrap();
+            assert!(
+                !text.contains("{file}") && !text.contains("{componentize_js}"),
+                "{file}"
+            );
+        }
+        let err = new_guest(
+            Slot::IntentClassifier,
+            Lang::Javascript,
+            &tmp.path().join("f"),
+        )
+        .unwrap_err();
+        assert!(
+            err.contains("JavaScript template exists for capability-policy only"),
+            "{err}"
+        );
     }
 }
