@@ -39,7 +39,7 @@ pub(crate) fn engine_config(
         pool.total_memories(instances * 2);
         pool.total_tables(instances * 4);
         // An async call runs on a fiber stack of the pool's (2 MiB each, reserved up
-        // front): one per call running or suspended, never more than the instances.
+        // front), and a store keeps its last one for its next call: one per instance.
         pool.total_stacks(instances);
         pool.max_memory_size(memory_limit_bytes);
         // Keeping a little memory resident per slot avoids page faults on reuse.

@@ -41,6 +41,7 @@
 //! ```
 
 mod bindings;
+mod budget;
 mod builtin;
 mod cache;
 mod engine_config;

@@ -63,6 +63,7 @@ pub struct RuntimeConfig {
 impl Default for RuntimeConfig {
     fn default() -> Self {
         let cores = std::thread::available_parallelism().map_or(2, usize::from);
+        let max_instances = 256;
         Self {
             policies_dir: PathBuf::from("policies"),
             cache_dir: None,
@@ -70,9 +71,11 @@ impl Default for RuntimeConfig {
             memory_limit_bytes: crate::engine_config::DEFAULT_MEMORY_LIMIT_BYTES,
             instance_max_calls: 10_000,
             instances_per_slot: (2 * cores).max(2),
-            max_instances: 256,
+            max_instances,
             watch_debounce: Duration::from_millis(300),
-            guest_concurrency: 8 * cores.max(2),
+            // Eight per core, within a quarter of the instance pool (each call holds an
+            // instance; the slots share the pool).
+            guest_concurrency: (8 * cores.max(2)).min(max_instances as usize / 4),
             guest_wait: Duration::from_secs(1),
             guest_cpu_share: DEFAULT_GUEST_CPU_SHARE,
         }

@@ -12,13 +12,10 @@
 //! ([`CpuBudget`]), sleep until the share allows another tick. A call of a few
 //! microseconds rarely sees a tick; a guest that loops sees one every millisecond.
 
-use std::num::NonZeroU32;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::{Duration, Instant};
 
-use governor::clock::{Clock, DefaultClock};
-use governor::{DefaultDirectRateLimiter, Quota, RateLimiter};
 use wasmtime::component::{Component, HasSelf, InstancePre, Linker};
 use wasmtime::{
     Config, Engine, ResourceLimiter, Store, StoreContextMut, StoreLimits, StoreLimitsBuilder, Trap,
@@ -26,6 +23,7 @@ use wasmtime::{
 };
 
 use crate::bindings;
+use crate::budget::CpuBudget;
 use crate::error::{GuestFailure, RuntimeError, TrapKind};
 use crate::policies::SlotConfig;
 use crate::types::Slot;
@@ -39,9 +37,6 @@ const EPOCH_TICK: Duration = Duration::from_millis(1);
 /// ~2% of a core (measured); a call that starts meanwhile sees its first tick at most
 /// this late (its deadline is at least 50 ms).
 const IDLE_TICK: Duration = Duration::from_millis(10);
-/// Ticks of guest time the [`CpuBudget`] lets run at once, per core of the share,
-/// before it makes calls wait: a guest that needs a few ms now and then is not slowed.
-const BUDGET_BURST_TICKS: u32 = 20;
 /// The shortest deadline accepted. Shorter ones trapped legitimate calls on a loaded
 /// 2-core machine (measured: a 10 ms deadline lost 2 calls in 200k).
 pub const MIN_CALL_DEADLINE: Duration = Duration::from_millis(50);
@@ -61,66 +56,6 @@ pub(crate) struct SandboxLimits {
     pub cpu_share: f64,
 }
 
-/// The guests' share of the cores, as a rate of epoch ticks: each tick a call is seen
-/// running costs one cell. A tick is seen by a call with a probability proportional to
-/// its length, so the count is an unbiased measure of guest CPU time (short calls mostly
-/// pay nothing, and need not). When the cells run out, running calls sleep at their
-/// next tick until the rate allows them another: guest calls together never take more
-/// than their share for longer than the burst.
-pub(crate) struct CpuBudget {
-    limiter: DefaultDirectRateLimiter,
-    clock: DefaultClock,
-    /// Cores the share amounts to.
-    cores: f64,
-}
-
-impl std::fmt::Debug for CpuBudget {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("CpuBudget")
-            .field("cores", &self.cores)
-            .finish()
-    }
-}
-
-impl CpuBudget {
-    fn new(share: f64) -> Self {
-        let machine = std::thread::available_parallelism().map_or(1, usize::from) as f64;
-        let cores = (share.clamp(0.01, 1.0) * machine).max(0.01);
-        let per_second = (cores * 1_000_000.0 / EPOCH_TICK.as_micros() as f64).round();
-        let cells = NonZeroU32::new(per_second.clamp(1.0, f64::from(u32::MAX)) as u32)
-            .unwrap_or(NonZeroU32::MIN);
-        let burst = NonZeroU32::new(((cores.ceil() as u32).max(1)) * BUDGET_BURST_TICKS)
-            .unwrap_or(NonZeroU32::MIN);
-        Self {
-            limiter: RateLimiter::direct(Quota::per_second(cells).allow_burst(burst)),
-            clock: DefaultClock::default(),
-            cores,
-        }
-    }
-
-    /// Pays for one tick of guest time if the share allows it now.
-    fn try_pay_tick(&self) -> bool {
-        self.limiter.check().is_ok()
-    }
-
-    /// Waits until the share allows one more tick of guest time and pays for it; at
-    /// `deadline` it stops waiting unpaid (the call then traps at its next tick). Adds
-    /// the time it slept to `slept`, in ns.
-    async fn pay_tick(self: Arc<Self>, deadline: Instant, slept: Arc<AtomicU64>) {
-        let started = Instant::now();
-        while let Err(not_until) = self.limiter.check() {
-            let wait = not_until.wait_time_from(self.clock.now());
-            if Instant::now() + wait >= deadline {
-                tokio::time::sleep_until(deadline.into()).await;
-                break;
-            }
-            tokio::time::sleep(wait).await;
-        }
-        let nanos = u64::try_from(started.elapsed().as_nanos()).unwrap_or(u64::MAX);
-        slept.fetch_add(nanos, Ordering::Relaxed);
-    }
-}
-
 /// How the current call is run, set when it starts ([`Sandbox::arm`]).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub(crate) enum CallMode {
@@ -135,7 +70,8 @@ pub(crate) enum CallMode {
 pub(crate) struct CallClock {
     mode: CallMode,
     deadline: Instant,
-    /// Epoch ticks the call was seen running (≈ its CPU time in ms).
+    /// Epoch ticks the call was seen running (≈ its CPU time in ms; see [`CpuBudget`]
+    /// for how a long call is over-counted).
     pub(crate) ticks: u64,
     /// Time the call slept waiting for the guests' share of the cores, in ns (written
     /// by the waiting future, which cannot reach the store).
@@ -325,7 +261,7 @@ impl Sandbox {
         Ok(Arc::new(Self {
             engine,
             linker,
-            budget: Arc::new(CpuBudget::new(limits.cpu_share)),
+            budget: Arc::new(CpuBudget::new(limits.cpu_share, EPOCH_TICK)),
             running,
             limits,
             pooling,

@@ -534,16 +534,23 @@ impl Config {
             ));
         }
         let share = self.policies.guest_cpu_share;
-        if !(share > 0.0 && share <= 1.0) {
+        if !(0.01..=1.0).contains(&share) {
             problems.push(format!(
-                "{} must be above 0 and at most 1 (a share of the cores, e.g. 0.25)",
+                "{} must be from 0.01 to 1 (a share of the cores, e.g. 0.25)",
                 name("policies.guest_cpu_share")
             ));
         }
-        if self.policies.guest_concurrency > 65_536 {
+        // Each call running (or waiting for the share) holds a guest instance, and the
+        // instances are shared by the slots: more calls than instances would fail at
+        // instantiation (500) instead of waiting for a place (503).
+        let instances = usize::try_from(self.policies.max_instances).unwrap_or(usize::MAX);
+        if self.policies.guest_concurrency > instances {
             problems.push(format!(
-                "{} must be at most 65536 (0 = eight per core)",
-                name("policies.guest_concurrency")
+                "{} must be at most {} ({}: each call holds an instance; 0 = eight per \
+                 core, at most a quarter of the instances)",
+                name("policies.guest_concurrency"),
+                instances,
+                name("policies.max_instances")
             ));
         }
         if self.http.tls_cert_file.is_some() != self.http.tls_key_file.is_some() {
@@ -630,7 +637,13 @@ fn logging_alias(text: &str, path: &Path) -> Result<String, ConfigError> {
 const ENV_PREFIX: &str = "HOMESERVER__";
 
 /// Settings that have no default (so are absent from config.default.toml).
-const OPTIONAL_KEYS: &[&str] = &["storage.database_url_file", "s3.secret_access_key_file"];
+const OPTIONAL_KEYS: &[&str] = &[
+    "storage.database_url_file",
+    "s3.secret_access_key_file",
+    // Retired in 0.10 (guest threads); accepted with a warning (`retired_settings`).
+    "policies.guest_threads",
+    "policies.guest_nice",
+];
 
 /// Where a setting came from, as the operator wrote it: the environment variable's
 /// name, or the key and the config file.
@@ -804,6 +817,42 @@ mod tests {
             jail.clear_env();
             jail.set_env("HOMESERVER__LOGGING__ACCESS", "false");
             assert!(!Config::load(None).unwrap().logging.access);
+            Ok(())
+        });
+    }
+
+    #[test]
+    fn guest_settings_are_checked_and_retired_ones_still_load() {
+        figment::Jail::expect_with(|jail| {
+            let dir = tempfile::tempdir().unwrap();
+            let path = dir.path().join("c.toml");
+            std::fs::write(
+                &path,
+                "[policies]\nguest_cpu_share = 0\nguest_concurrency = 300\n",
+            )
+            .unwrap();
+            let err = Config::load(Some(&path)).unwrap_err().to_string();
+            assert!(
+                err.contains("guest_cpu_share (in") && err.contains("must be from 0.01 to 1"),
+                "{err}"
+            );
+            assert!(
+                err.contains("guest_concurrency (in") && err.contains("must be at most 256"),
+                "{err}"
+            );
+            // A 0.9 config with the guest threads' settings loads; they are named for
+            // the warning at start.
+            std::fs::write(&path, "[policies]\nguest_threads = 4\nguest_nice = 10\n").unwrap();
+            let config = Config::load(Some(&path)).unwrap();
+            assert_eq!(
+                config.policies.retired_settings(),
+                ["policies.guest_threads", "policies.guest_nice"]
+            );
+            jail.set_env("HOMESERVER__POLICIES__GUEST_CPU_SHARE", "0.1");
+            std::fs::write(&path, "").unwrap();
+            let config = Config::load(Some(&path)).unwrap();
+            assert_eq!(config.policies.guest_cpu_share, 0.1);
+            assert!(config.policies.retired_settings().is_empty());
             Ok(())
         });
     }

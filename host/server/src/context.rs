@@ -354,8 +354,10 @@ async fn load_policies(config: &Config) -> Result<PolicyRuntime, StartError> {
             p.instances_per_slot
         },
         max_instances: p.max_instances,
+        // The default leaves room in the instance pool for the other slots' calls.
         guest_concurrency: if p.guest_concurrency == 0 {
-            defaults.guest_concurrency
+            let quarter = usize::try_from(p.max_instances / 4).unwrap_or(usize::MAX);
+            defaults.guest_concurrency.min(quarter).max(1)
         } else {
             p.guest_concurrency
         },

@@ -143,7 +143,8 @@ pub enum PolicyCommand {
         slot: Option<String>,
         /// Hold every case to what it declares: the guest sees only the case's
         /// `config` keys (reading another fails the case) and may use only the host
-        /// imports the case's `imports` names (random, log, environment, stdin, exit).
+        /// imports the case's `imports` names (config, random, log, environment, stdin,
+        /// exit; config is implied by declared keys).
         #[arg(long)]
         strict: bool,
         /// The most 1 ms epoch ticks a case's call may run through, for cases that

@@ -204,6 +204,11 @@ fn execute(command: PolicyCommand) -> Result<ExitCode, String> {
         } => {
             let module = match module {
                 Some(module) => module,
+                // DIR may be one case file: the module is then beside it.
+                None if dir.is_file() => {
+                    let beside = dir.parent().filter(|p| !p.as_os_str().is_empty());
+                    find_module(beside.unwrap_or(Path::new(".")))?
+                }
                 None => find_module(&dir)?,
             };
             let options = TestOptions {
