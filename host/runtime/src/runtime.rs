@@ -339,14 +339,7 @@ impl PolicyRuntime {
             }
             None => Err(cell.unavailable()),
         };
-        match result {
-            Ok((blocked, matches)) => SafetyVerdict {
-                blocked,
-                matches,
-                failure: None,
-            },
-            Err(failure) => SafetyVerdict::failed(failure),
-        }
+        SafetyVerdict::of(result)
     }
 
     /// Classifies a mention's intent. On a guest failure: [`Intent::Failed`], which
@@ -534,14 +527,7 @@ impl PolicyRuntime {
                 }
             })
             .await;
-        match result {
-            Ok((blocked, matches)) => SafetyVerdict {
-                blocked,
-                matches,
-                failure: None,
-            },
-            Err(failure) => SafetyVerdict::failed(failure),
-        }
+        SafetyVerdict::of(result)
     }
 
     /// [`classify`](Self::classify) on the async runtime (see `isolated`).

@@ -425,14 +425,7 @@ pub(crate) fn evaluate(
             };
             if slot == Slot::SafetyFilter {
                 let checked = block_on(module.check_text(stats, text, CallMode::Blocking));
-                let verdict = match checked {
-                    Ok((blocked, matches)) => crate::types::SafetyVerdict {
-                        blocked,
-                        matches,
-                        failure: None,
-                    },
-                    Err(failure) => crate::types::SafetyVerdict::failed(failure),
-                };
+                let verdict = crate::types::SafetyVerdict::of(checked);
                 serde_json::to_value(verdict).unwrap_or_else(|e| json!({"error": e.to_string()}))
             } else {
                 let classified = block_on(module.classify(stats, text, CallMode::Blocking));

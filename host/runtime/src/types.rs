@@ -198,6 +198,18 @@ pub struct SafetyVerdict {
 }
 
 impl SafetyVerdict {
+    /// The verdict of a filter call: the guest's answer, or the safe default.
+    pub(crate) fn of(result: Result<(bool, Vec<TermMatch>), GuestFailure>) -> Self {
+        match result {
+            Ok((blocked, matches)) => Self {
+                blocked,
+                matches,
+                failure: None,
+            },
+            Err(failure) => Self::failed(failure),
+        }
+    }
+
     pub(crate) fn failed(failure: GuestFailure) -> Self {
         Self {
             blocked: true,

@@ -108,16 +108,7 @@ async fn a_new_guest_builds_checks_and_serves_after_an_edit() {
     // target/<profile>/deps/api-xxxx → target/guest-templates
     let target_dir = exe.ancestors().nth(3).unwrap().join("guest-templates");
     let tmp = tempfile::tempdir().unwrap();
-    let run = |cmd: &mut std::process::Command| {
-        let out = cmd.output().unwrap();
-        let text = format!(
-            "{}{}",
-            String::from_utf8_lossy(&out.stdout),
-            String::from_utf8_lossy(&out.stderr)
-        );
-        assert!(out.status.success(), "{cmd:?} failed:\n{text}");
-        text
-    };
+    let run = run_ok;
     let build = |dir: &std::path::Path| {
         let started = Instant::now();
         run(std::process::Command::new(&cargo)
@@ -405,45 +396,68 @@ async fn a_policy_built_for_wit_0_1_serves_and_public_reads_stay_open() {
     );
 }
 
+/// Runs `cmd` to success; its stdout then stderr.
+fn run_ok(cmd: &mut std::process::Command) -> String {
+    let out = cmd.output().unwrap();
+    let text = format!(
+        "{}{}",
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert!(out.status.success(), "{cmd:?} failed:\n{text}");
+    text
+}
+
+/// The folder `under_tools` of target/tools that holds a template's builder (`made_by`
+/// installs it; `holds` is a path inside that shows it is there), or `None` when the
+/// test is skipped: on the suite's PostgreSQL + S3 run (no server here, the first run
+/// covers it), or, with the reason, without the builder (a failure when CI=true).
+fn template_builder(
+    language: &str,
+    under_tools: &str,
+    holds: &str,
+    made_by: &str,
+) -> Option<std::path::PathBuf> {
+    if std::env::var_os("HS_TEST_BACKEND").is_some() {
+        eprintln!("skipped on HS_TEST_BACKEND: it runs no server, the first run covers it");
+        return None;
+    }
+    let dir = std::path::Path::new(env!("CARGO_MANIFEST_DIR"))
+        .join("../../target/tools")
+        .join(under_tools)
+        .canonicalize();
+    match dir {
+        Ok(dir) if dir.join(holds).exists() => Some(dir),
+        _ => {
+            let reason = format!("no {holds} under target/tools ({made_by})");
+            assert!(
+                std::env::var("CI").as_deref() != Ok("true"),
+                "CI=true: {reason}"
+            );
+            eprintln!("SKIPPED the {language} template test: {reason}");
+            None
+        }
+    }
+}
+
 /// `policy new --lang javascript`: the JavaScript template builds with its own build.sh
 /// (componentize-js, from what scripts/build-js-tools installed), and passes its cases
 /// through `policy test --strict` (it imports nothing but `config`, and reads none) and
 /// `policy check`. Skipped with a reason without componentize-js; a failure when CI=true.
 #[test]
 fn a_javascript_guest_from_the_template_builds_and_passes_its_cases() {
-    // No server, so no backend: the suite's second run (PostgreSQL + S3) skips it.
-    if std::env::var_os("HS_TEST_BACKEND").is_some() {
-        eprintln!("skipped on HS_TEST_BACKEND: it runs no server, the first run covers it");
+    let Some(node_modules) = template_builder(
+        "JavaScript",
+        "componentize-js/node_modules",
+        "@bytecodealliance/componentize-js",
+        "scripts/build-js-tools",
+    ) else {
         return;
-    }
-    let homeserver = env!("CARGO_BIN_EXE_homeserver");
-    let tools = std::path::Path::new(env!("CARGO_MANIFEST_DIR"))
-        .join("../../target/tools/componentize-js/node_modules")
-        .canonicalize();
-    let node_modules = match tools {
-        Ok(dir) if dir.join("@bytecodealliance/componentize-js").is_dir() => dir,
-        _ => {
-            let reason = "no componentize-js under target/tools (scripts/build-js-tools)";
-            assert!(
-                std::env::var("CI").as_deref() != Ok("true"),
-                "CI=true: {reason}"
-            );
-            eprintln!("SKIPPED the JavaScript template test: {reason}");
-            return;
-        }
     };
+    let homeserver = env!("CARGO_BIN_EXE_homeserver");
     let tmp = tempfile::tempdir().unwrap();
     let dir = tmp.path().join("js-policy");
-    let run = |cmd: &mut std::process::Command| {
-        let out = cmd.output().unwrap();
-        let text = format!(
-            "{}{}",
-            String::from_utf8_lossy(&out.stdout),
-            String::from_utf8_lossy(&out.stderr)
-        );
-        assert!(out.status.success(), "{cmd:?} failed:\n{text}");
-        text
-    };
+    let run = run_ok;
     run(std::process::Command::new(homeserver)
         .args([
             "policy",
@@ -487,39 +501,18 @@ fn a_javascript_guest_from_the_template_builds_and_passes_its_cases() {
 /// failure when CI=true.
 #[test]
 fn a_python_guest_from_the_template_builds_and_passes_its_cases() {
-    // No server, so no backend: the suite's second run (PostgreSQL + S3) skips it.
-    if std::env::var_os("HS_TEST_BACKEND").is_some() {
-        eprintln!("skipped on HS_TEST_BACKEND: it runs no server, the first run covers it");
+    let Some(venv) = template_builder(
+        "Python",
+        "componentize-py",
+        "bin/componentize-py",
+        "scripts/build-python-guest",
+    ) else {
         return;
-    }
-    let homeserver = env!("CARGO_BIN_EXE_homeserver");
-    let venv = std::path::Path::new(env!("CARGO_MANIFEST_DIR"))
-        .join("../../target/tools/componentize-py")
-        .canonicalize();
-    let venv = match venv {
-        Ok(v) if v.join("bin/componentize-py").is_file() => v,
-        _ => {
-            let reason = "no componentize-py under target/tools (scripts/build-python-guest)";
-            assert!(
-                std::env::var("CI").as_deref() != Ok("true"),
-                "CI=true: {reason}"
-            );
-            eprintln!("SKIPPED the Python template test: {reason}");
-            return;
-        }
     };
+    let homeserver = env!("CARGO_BIN_EXE_homeserver");
     let tmp = tempfile::tempdir().unwrap();
     let dir = tmp.path().join("py-policy");
-    let run = |cmd: &mut std::process::Command| {
-        let out = cmd.output().unwrap();
-        let text = format!(
-            "{}{}",
-            String::from_utf8_lossy(&out.stdout),
-            String::from_utf8_lossy(&out.stderr)
-        );
-        assert!(out.status.success(), "{cmd:?} failed:\n{text}");
-        text
-    };
+    let run = run_ok;
     run(std::process::Command::new(homeserver)
         .args([
             "policy",
