@@ -126,6 +126,10 @@ pub enum PolicyCommand {
         /// own, include creating an instance).
         #[arg(long)]
         report: bool,
+        /// A folder to keep compiled modules in (and take them from): a big guest (Python,
+        /// JavaScript) compiles for tens of seconds once, then loads from it in ms.
+        #[arg(long, value_name = "DIR")]
+        cache_dir: Option<PathBuf>,
     },
     /// Test a guest with the case files of its folder (cases.jsonl and tests/*.jsonl),
     /// each case on a fresh instance. Exit code 0 when every case passes, 1 when one
@@ -157,6 +161,10 @@ pub enum PolicyCommand {
         /// Print the report as one JSON document instead of text.
         #[arg(long)]
         json: bool,
+        /// A folder to keep compiled modules in (and take them from): a big guest (Python,
+        /// JavaScript) compiles for tens of seconds once, then loads from it in ms.
+        #[arg(long, value_name = "DIR")]
+        cache_dir: Option<PathBuf>,
     },
     /// Start a new guest: write a ready crate for SLOT into DIR (Cargo.toml, the WIT,
     /// a working src/lib.rs, cases.jsonl, a README with the build → check → reload loop).

@@ -114,6 +114,7 @@ fn execute(command: PolicyCommand) -> Result<ExitCode, String> {
             cases,
             deadline_ms,
             report: print_report,
+            cache_dir,
         } => {
             let own = match &cases {
                 Some(path) => {
@@ -126,7 +127,7 @@ fn execute(command: PolicyCommand) -> Result<ExitCode, String> {
             let options = CheckOptions {
                 own,
                 call_deadline: std::time::Duration::from_millis(deadline_ms),
-                ..CheckOptions::default()
+                cache_dir,
             };
             let report = check_module_with(&file, slot(&name)?, options).map_err(|e| match e {
                 RuntimeError::TestCall {
@@ -201,6 +202,7 @@ fn execute(command: PolicyCommand) -> Result<ExitCode, String> {
             budget_ticks,
             deadline_ms,
             json,
+            cache_dir,
         } => {
             let module = match module {
                 Some(module) => module,
@@ -216,7 +218,7 @@ fn execute(command: PolicyCommand) -> Result<ExitCode, String> {
                 strict,
                 budget_ticks,
                 call_deadline: std::time::Duration::from_millis(deadline_ms),
-                cache_dir: None,
+                cache_dir,
             };
             let files = case_files(&dir).map_err(|e| e.to_string())?;
             let report = test_cases(&module, &files, &options).map_err(|e| e.to_string())?;

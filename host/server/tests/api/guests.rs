@@ -475,8 +475,18 @@ fn a_javascript_guest_from_the_template_builds_and_passes_its_cases() {
     assert!(built.contains("built js_policy.wasm"), "{built}");
     // The module is found in the folder, the slot from its world; the first call of
     // this 12 MB component under the unoptimized test build can outlast 100 ms.
+    // One compile for both commands (the cache): ~40 s each in a debug build.
+    let cache = tmp.path().join("guest-cache");
     let tested = run(std::process::Command::new(homeserver)
-        .args(["policy", "test", "--strict", "--deadline-ms", "10000"])
+        .args([
+            "policy",
+            "test",
+            "--strict",
+            "--deadline-ms",
+            "10000",
+            "--cache-dir",
+        ])
+        .arg(&cache)
         .arg(&dir));
     assert!(
         tested.contains("slot capability-policy (WIT 0.2.0"),
@@ -488,7 +498,8 @@ fn a_javascript_guest_from_the_template_builds_and_passes_its_cases() {
         .arg(dir.join("js_policy.wasm"))
         .args(["--slot", "capability-policy", "--cases"])
         .arg(dir.join("cases.jsonl"))
-        .args(["--deadline-ms", "10000"]));
+        .args(["--deadline-ms", "10000", "--cache-dir"])
+        .arg(&cache));
     assert!(
         checked.contains("cases.jsonl): 6 passed, 0 failed"),
         "{checked}"
@@ -533,7 +544,9 @@ fn a_python_guest_from_the_template_builds_and_passes_its_cases() {
         .arg(dir.join("cases.jsonl"))
         // The test is about the answers: the first call of this 40 MB component under
         // the unoptimized test build, beside the rest of the suite, can outlast 100 ms.
-        .args(["--deadline-ms", "10000"]));
+        // One compile for both commands (the cache).
+        .args(["--deadline-ms", "10000", "--cache-dir"])
+        .arg(tmp.path().join("guest-cache")));
     assert!(checked.contains("(WIT 0.2.0"), "{checked}");
     assert!(
         checked.contains("cases.jsonl): 6 passed, 0 failed"),
@@ -541,7 +554,8 @@ fn a_python_guest_from_the_template_builds_and_passes_its_cases() {
     );
     // The harness finds the module in the folder, and the slot from its world.
     let tested = run(std::process::Command::new(homeserver)
-        .args(["policy", "test", "--deadline-ms", "10000"])
+        .args(["policy", "test", "--deadline-ms", "10000", "--cache-dir"])
+        .arg(tmp.path().join("guest-cache"))
         .arg(&dir));
     assert!(tested.contains("slot capability-policy"), "{tested}");
     assert!(tested.contains("\n6 passed, 0 failed\n"), "{tested}");
