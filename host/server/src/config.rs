@@ -214,6 +214,10 @@ pub struct StorageConfig {
     pub quota_bytes: u64,
     /// Largest value in bytes.
     pub max_value_bytes: u64,
+    /// Values up to this many bytes live in their entry's database row (no blob, no
+    /// file or object, no fsync of their own); larger ones in the blob store. 0 = all
+    /// in the blob store.
+    pub inline_max_bytes: u64,
     /// Connections to a shared database (PostgreSQL) per server instance.
     pub pool_size: u32,
     /// Seconds any metadata or blob operation may take before the request gets 503
@@ -525,6 +529,14 @@ impl Config {
             if value == 0 {
                 problems.push(format!("{} must be at least 1", name(key)));
             }
+        }
+        if self.storage.inline_max_bytes > crate::persistence::values::MAX_INLINE_BYTES {
+            problems.push(format!(
+                "{} must be at most {} (1 MiB: a row is read whole with its entry; larger \
+                 values belong in the blob store)",
+                name("storage.inline_max_bytes"),
+                crate::persistence::values::MAX_INLINE_BYTES
+            ));
         }
         // Beyond wasm32's 4 GiB a limit means nothing; a thread count like this is a typo.
         if self.policies.memory_limit_mb > 4096 {

@@ -186,6 +186,7 @@ impl AppContext {
             body_idle_timeout: Duration::from_secs(config.http.body_idle_timeout_secs),
             upload_timeout: Duration::from_secs(config.http.upload_timeout_secs),
             unproven_upload_memory_bytes: config.http.unproven_upload_memory_bytes,
+            inline_max_bytes: config.storage.inline_max_bytes,
         };
         let policy = Arc::new(load_policies(&config).await?);
         // Read-after-write across instances: a process cannot know in time what other

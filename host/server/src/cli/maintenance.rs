@@ -147,10 +147,15 @@ async fn execute(config: Config, command: Command) -> Result<ExitCode, String> {
                     std::fs::File::open(path).map_err(|e| format!("{}: {e}", path.display()))?,
                 )),
             };
-            let summary =
-                maintenance::import_archive(&stores, input, config.storage.quota_bytes, bar)
-                    .await
-                    .map_err(|e| e.to_string())?;
+            let summary = maintenance::import_archive(
+                &stores,
+                input,
+                config.storage.quota_bytes,
+                config.storage.inline_max_bytes,
+                bar,
+            )
+            .await
+            .map_err(|e| e.to_string())?;
             eprintln!(
                 "imported {}: {} values, {} bytes",
                 summary.user, summary.entries, summary.bytes
@@ -272,9 +277,14 @@ async fn execute(config: Config, command: Command) -> Result<ExitCode, String> {
 
 fn print_fsck(report: &maintenance::FsckReport) {
     println!(
-        "{} users, {} entries ({} bytes), {} stored values ({} replaced or deleted, kept \
-         for storage.blob_grace_secs)",
-        report.users, report.entries, report.bytes, report.blobs, report.retired_blobs
+        "{} users, {} entries ({} bytes, {} of them small values kept in their rows), {} \
+         stored values ({} replaced or deleted, kept for storage.blob_grace_secs)",
+        report.users,
+        report.entries,
+        report.bytes,
+        report.inline_values,
+        report.blobs,
+        report.retired_blobs
     );
     for m in &report.missing_blobs {
         println!("MISSING VALUE  {}{} (blob {})", m.user, m.path, m.blob_key);

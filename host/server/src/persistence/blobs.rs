@@ -121,6 +121,9 @@ pub enum BlobError {
     Store(#[source] object_store::Error),
     #[error("blob store configuration: {0}")]
     Config(String),
+    /// A value is not what its entry records (a bug or a damaged store: 500).
+    #[error("damaged value: {0}")]
+    Damaged(String),
     /// The sweep could not delete a retired blob (the last of them in its pass).
     #[error("deleting retired blob {key}: {source}")]
     Retired {

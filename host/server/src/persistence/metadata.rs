@@ -29,6 +29,11 @@
 //!   grace period has passed ([`MetadataStore::retired_blobs`]), then forgets the record.
 //!   [`MetadataStore::blob_state`] tells referenced, retired and unknown blobs apart in
 //!   one read, so a sweep never mistakes a retired blob for garbage.
+//! - **Small values live in their row.** An entry is [`Stored::Inline`] (the bytes in
+//!   the entry's row, committed by the same transaction, no blob at all) or
+//!   [`Stored::Blob`]; only blobs are retired. Both kinds can be in one store (a store
+//!   from before inline values has only blobs; `storage.inline_max_bytes` decides new
+//!   writes).
 //! - **Failures are typed.** [`StoreError::Unavailable`] means the backend cannot be
 //!   reached or is overloaded (the caller may retry: 503); anything else is
 //!   [`StoreError::Internal`] (500).
@@ -55,11 +60,38 @@ pub struct UserRecord {
     pub last_activity: i64,
 }
 
+/// Where an entry's bytes are.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Stored {
+    /// In the blob store under this key.
+    Blob(String),
+    /// In the entry's row (values up to `storage.inline_max_bytes` when written).
+    Inline(bytes::Bytes),
+}
+
+impl Stored {
+    /// The blob key, for a value in the blob store.
+    pub fn blob_key(&self) -> Option<&str> {
+        match self {
+            Self::Blob(key) => Some(key),
+            Self::Inline(_) => None,
+        }
+    }
+
+    /// The blob key, for a value in the blob store.
+    pub fn into_blob_key(self) -> Option<String> {
+        match self {
+            Self::Blob(key) => Some(key),
+            Self::Inline(_) => None,
+        }
+    }
+}
+
 /// An entry row.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct EntryRecord {
     pub path: String,
-    pub blob_key: String,
+    pub stored: Stored,
     pub size: u64,
     pub content_hash: [u8; 32],
     pub created_at: i64,
@@ -81,12 +113,12 @@ pub struct ReplayMark {
     pub expires_at: i64,
 }
 
-/// A PUT ready to commit: the value is already complete in the blob store.
+/// A PUT ready to commit: the value is complete, in the blob store or in memory.
 #[derive(Debug, Clone)]
 pub struct NewEntry<'a> {
     pub user: &'a str,
     pub path: &'a str,
-    pub blob_key: &'a str,
+    pub stored: Stored,
     pub size: u64,
     pub content_hash: [u8; 32],
     pub now: i64,
@@ -121,7 +153,10 @@ pub enum PutOutcome {
 
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum DeleteOutcome {
-    Deleted { blob_key: String },
+    /// The deleted value's blob (retired by the commit), unless it was inline.
+    Deleted {
+        blob_key: Option<String>,
+    },
     NotFound,
     Replayed,
     UnknownUser,
@@ -650,9 +685,10 @@ pub trait MetadataWrites {
     async fn mark_signature(&self, mark: ReplayMark) -> Result<bool, StoreError>;
 
     /// Deletes a user with all entries, writing a DEL event per entry (path order) and
-    /// retiring their blobs. Returns those blob keys, or None when the user is unknown.
+    /// retiring their blobs. Returns where each entry's value was (path order), or None
+    /// when the user is unknown.
     async fn delete_account(&self, user: &str, now: i64)
-    -> Result<Option<Vec<String>>, StoreError>;
+    -> Result<Option<Vec<Stored>>, StoreError>;
 
     /// Repair (fsck): removes the entry at `path` if it still points at `blob_key`, with
     /// its usage and a DEL event. False when it changed or went meanwhile.
@@ -697,7 +733,7 @@ where
 struct OwnedNewEntry {
     user: String,
     path: String,
-    blob_key: String,
+    stored: Stored,
     size: u64,
     content_hash: [u8; 32],
     now: i64,
@@ -709,7 +745,7 @@ impl OwnedNewEntry {
         Self {
             user: e.user.to_owned(),
             path: e.path.to_owned(),
-            blob_key: e.blob_key.to_owned(),
+            stored: e.stored.clone(),
             size: e.size,
             content_hash: e.content_hash,
             now: e.now,
@@ -721,7 +757,7 @@ impl OwnedNewEntry {
         NewEntry {
             user: &self.user,
             path: &self.path,
-            blob_key: &self.blob_key,
+            stored: self.stored.clone(),
             size: self.size,
             content_hash: self.content_hash,
             now: self.now,
@@ -819,7 +855,7 @@ impl<S: MetadataStore + ?Sized> MetadataWrites for S {
         &self,
         user: &str,
         now: i64,
-    ) -> Result<Option<Vec<String>>, StoreError> {
+    ) -> Result<Option<Vec<Stored>>, StoreError> {
         in_transaction!(self, |tx| rules::delete_account(tx.as_mut(), user, now))
     }
 

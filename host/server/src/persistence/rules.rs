@@ -14,7 +14,7 @@ use homeserver_protocol::event::EventKind;
 
 use super::metadata::{
     CreateSessionOutcome, DeleteOutcome, EntryRecord, NewEntry, NewEvent, PutOutcome,
-    QuotaExceeded, ReplayMark, SessionRecord, SignupOutcome, StoreError, TokenRedemption,
+    QuotaExceeded, ReplayMark, SessionRecord, SignupOutcome, StoreError, Stored, TokenRedemption,
     UserRecord, WriteTx,
 };
 
@@ -73,7 +73,7 @@ pub async fn put(
         entry.user,
         &EntryRecord {
             path: entry.path.to_owned(),
-            blob_key: entry.blob_key.to_owned(),
+            stored: entry.stored.clone(),
             size: entry.size,
             content_hash: entry.content_hash,
             created_at,
@@ -82,8 +82,8 @@ pub async fn put(
     )
     .await?;
     tx.set_usage(entry.user, used_after, entry.now).await?;
-    if let Some(old) = &old {
-        tx.retire_blobs(&[&old.blob_key], entry.now).await?;
+    if let Some(key) = old.as_ref().and_then(|o| o.stored.blob_key()) {
+        tx.retire_blobs(&[key], entry.now).await?;
     }
     tx.append_events(&[NewEvent {
         user: entry.user,
@@ -95,7 +95,7 @@ pub async fn put(
     .await?;
     Ok(PutOutcome::Committed {
         created_at,
-        replaced_blob: old.map(|o| o.blob_key),
+        replaced_blob: old.and_then(|o| o.stored.into_blob_key()),
     })
 }
 
@@ -120,7 +120,9 @@ pub async fn delete(
     };
     tx.set_usage(user, owner.used_bytes.saturating_sub(old.size), now)
         .await?;
-    tx.retire_blobs(&[&old.blob_key], now).await?;
+    if let Some(key) = old.stored.blob_key() {
+        tx.retire_blobs(&[key], now).await?;
+    }
     tx.append_events(&[NewEvent {
         user,
         path,
@@ -130,7 +132,7 @@ pub async fn delete(
     }])
     .await?;
     Ok(DeleteOutcome::Deleted {
-        blob_key: old.blob_key,
+        blob_key: old.stored.into_blob_key(),
     })
 }
 
@@ -191,19 +193,22 @@ pub async fn create_session(
 }
 
 /// Deletes the user, their sessions and entries, with one DEL event per entry in path
-/// order. None when the user is unknown.
+/// order. Returns where each entry's value was (path order), None when the user is
+/// unknown.
 pub async fn delete_account(
     tx: &mut dyn WriteTx,
     user: &str,
     now: i64,
-) -> Result<Option<Vec<String>>, StoreError> {
+) -> Result<Option<Vec<Stored>>, StoreError> {
     if tx.lock_user(user).await?.is_none() {
         return Ok(None);
     }
     let removed = tx.remove_all_entries(user).await?;
     tx.delete_user(user).await?;
-    let blobs: Vec<&str> = removed.iter().map(|e| e.blob_key.as_str()).collect();
-    tx.retire_blobs(&blobs, now).await?;
+    let blobs: Vec<&str> = removed.iter().filter_map(|e| e.stored.blob_key()).collect();
+    if !blobs.is_empty() {
+        tx.retire_blobs(&blobs, now).await?;
+    }
     let events: Vec<NewEvent<'_>> = removed
         .iter()
         .map(|e| NewEvent {
@@ -215,7 +220,7 @@ pub async fn delete_account(
         })
         .collect();
     tx.append_events(&events).await?;
-    Ok(Some(removed.into_iter().map(|e| e.blob_key).collect()))
+    Ok(Some(removed.into_iter().map(|e| e.stored).collect()))
 }
 
 /// Removes an entry whose blob is lost (fsck --repair), if it still points at that
@@ -231,7 +236,7 @@ pub async fn remove_entry_if_blob(
         return Ok(false);
     };
     match tx.entry(user, path).await? {
-        Some(entry) if entry.blob_key == blob_key => {}
+        Some(entry) if entry.stored.blob_key() == Some(blob_key) => {}
         _ => return Ok(false),
     }
     let Some(old) = tx.remove_entry(user, path).await? else {

@@ -282,7 +282,7 @@ impl AdminService {
     /// Deletes the user and every entry in one transaction (a DEL event each, their
     /// blobs retired for the sweep). The key may sign up again later, with an empty space.
     pub async fn delete_account(&self, key: &PublicKey) -> Result<DeletedAccount, ServiceError> {
-        let blobs = self
+        let values = self
             .metadata
             .delete_account(&key.to_z32(), now_secs())
             .await?
@@ -292,7 +292,7 @@ impl AdminService {
         self.sessions.forget_all();
         self.events.committed();
         // The transaction retired the blobs: the sweep deletes them after the grace.
-        let entries_deleted = blobs.len() as u64;
+        let entries_deleted = values.len() as u64;
         Ok(DeletedAccount {
             public_key: key.to_z32(),
             entries_deleted,

@@ -4,12 +4,14 @@
 //! A backup is a folder:
 //! - `hs.db`: a consistent snapshot of the database (`VACUUM INTO` on a read-only
 //!   connection: the server keeps writing meanwhile, the source is never changed);
-//! - `blobs/<user>/<key>`: every value the snapshot points at, hard-linked from the blob
+//! - `blobs/<user>/<key>`: every blob the snapshot points at, hard-linked from the blob
 //!   folder where the file system allows (values are never changed in place, so a link
 //!   is as good as a copy) and copied otherwise, each checked against the content hash
 //!   its entry records. A value replaced or deleted after the snapshot is still there:
 //!   it is retired, not deleted, for `storage.blob_grace_secs` (see `persistence::blobs`),
-//!   so the backup must finish within that time (it says so when it did not);
+//!   so the backup must finish within that time (it says so when it did not). Small
+//!   values kept in their rows (`storage.inline_max_bytes`) are in the snapshot itself,
+//!   checked against their content hash like the blobs;
 //! - `server.key`: the server's identity; `policies/`: the guests and their data;
 //! - `manifest.json`, written last (so a backup that was interrupted has none): format,
 //!   version, when, which homeserver and schema version made it, the BLAKE3 and size of
@@ -33,6 +35,7 @@ use super::maintenance::Progress;
 use super::now_secs;
 use crate::config::Config;
 use crate::persistence::blobs::local_blob_file;
+use crate::persistence::metadata::{EntryRecord, Stored};
 use crate::persistence::sqlite::{self, SqliteFile};
 use crate::persistence::{BlobsUrl, DatabaseUrl, StoreError};
 
@@ -176,7 +179,17 @@ pub async fn backup(
         let linked = blocking(move || {
             let mut linked = 0;
             for (user, entry) in &page {
-                let source = local_blob_file(&from, &entry.blob_key);
+                let Some(blob_key) = blob_or_checked_inline(entry).map_err(|what| {
+                    BackupError::Damaged(format!(
+                        "the value of {user}{} in the store {what}: the store is damaged \
+                         (homeserver fsck)",
+                        entry.path
+                    ))
+                })?
+                else {
+                    continue;
+                };
+                let source = local_blob_file(&from, blob_key);
                 if !source.exists() {
                     return Err(BackupError::Damaged(format!(
                         "the value of {user}{} (blob {}) is gone from {}: the backup took \
@@ -184,18 +197,18 @@ pub async fn backup(
                          snapshot, or the store is damaged (homeserver fsck); nothing \
                          usable was written, start again",
                         entry.path,
-                        entry.blob_key,
+                        blob_key,
                         from.display()
                     )));
                 }
-                let target = local_blob_file(&to, &entry.blob_key);
+                let target = local_blob_file(&to, blob_key);
                 linked += u64::from(link_or_copy(&source, &target)?);
                 let (size, hash) = hash_file(&target)?;
                 if size != entry.size || hash != entry.content_hash {
                     return Err(BackupError::Damaged(format!(
-                        "the value of {user}{} in the store (blob {}) does not match its \
-                         recorded size and hash: the store is damaged (homeserver fsck)",
-                        entry.path, entry.blob_key
+                        "the value of {user}{} in the store (blob {blob_key}) does not match \
+                         its recorded size and hash: the store is damaged (homeserver fsck)",
+                        entry.path
                     )));
                 }
             }
@@ -305,8 +318,17 @@ pub async fn restore(
             let page_total: u64 = page.iter().map(|(_, e)| e.size).sum();
             blocking(move || {
                 for (user, entry) in &page {
-                    let file = local_blob_file(&folder.join(BLOBS), &entry.blob_key);
-                    let what = format!("the value of {user}{} ({})", entry.path, entry.blob_key);
+                    let Some(blob_key) = blob_or_checked_inline(entry).map_err(|what| {
+                        damaged(
+                            &folder,
+                            &format!("the value of {user}{} {what}", entry.path),
+                        )
+                    })?
+                    else {
+                        continue;
+                    };
+                    let file = local_blob_file(&folder.join(BLOBS), blob_key);
+                    let what = format!("the value of {user}{} ({blob_key})", entry.path);
                     let (size, hash) = hash_file(&file)
                         .map_err(|_| damaged(&folder, &format!("{what} is missing")))?;
                     if size != entry.size || hash != entry.content_hash {
@@ -360,10 +382,10 @@ pub async fn restore(
         let (from, to) = (dir.join(BLOBS), paths.blobs.clone());
         summary.linked += blocking(move || {
             let mut linked = 0;
-            for (_, entry) in &page {
+            for key in page.iter().filter_map(|(_, entry)| entry.stored.blob_key()) {
                 linked += u64::from(link_or_copy(
-                    &local_blob_file(&from, &entry.blob_key),
-                    &local_blob_file(&to, &entry.blob_key),
+                    &local_blob_file(&from, key),
+                    &local_blob_file(&to, key),
                 )?);
             }
             Ok(linked)
@@ -428,9 +450,7 @@ fn damaged(dir: &Path, what: &str) -> BackupError {
 /// Walks every entry of the snapshot a page at a time; `visit` answers the page's bytes.
 async fn each_value(
     database: &SqliteFile,
-    mut visit: impl AsyncFnMut(
-        Vec<(String, crate::persistence::metadata::EntryRecord)>,
-    ) -> Result<u64, BackupError>,
+    mut visit: impl AsyncFnMut(Vec<(String, EntryRecord)>) -> Result<u64, BackupError>,
 ) -> Result<ValueCount, BackupError> {
     let mut count = ValueCount::default();
     let mut after = (String::new(), String::new());
@@ -442,6 +462,22 @@ async fn each_value(
         after = (user.clone(), last.path.clone());
         count.count += page.len() as u64;
         count.bytes += visit(page).await?;
+    }
+}
+
+/// The blob key of a value in the blob store; None for a value kept in its row once it
+/// matches its recorded size and hash (it travels inside the database file); what is
+/// wrong with it otherwise.
+fn blob_or_checked_inline(entry: &EntryRecord) -> Result<Option<&str>, &'static str> {
+    match &entry.stored {
+        Stored::Blob(key) => Ok(Some(key)),
+        Stored::Inline(bytes)
+            if bytes.len() as u64 == entry.size
+                && *blake3::hash(bytes).as_bytes() == entry.content_hash =>
+        {
+            Ok(None)
+        }
+        Stored::Inline(_) => Err("(kept in its row) does not match its recorded size and hash"),
     }
 }
 

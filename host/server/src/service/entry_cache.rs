@@ -12,13 +12,29 @@ use std::sync::atomic::{AtomicU64, Ordering};
 
 use quick_cache::sync::Cache;
 
-use crate::persistence::metadata::EntryRecord;
+use crate::persistence::metadata::{EntryRecord, Stored};
 
-/// Entries kept (about 200 bytes each).
-const CAPACITY: usize = 100_000;
+/// Memory the cache may use, weighed by [`EntryWeighter`]: about 300,000 entries of
+/// values in the blob store, or fewer with their small values kept in their rows (a hot
+/// small value is then served from here, with no read at all).
+const CAPACITY_BYTES: u64 = 64 * 1024 * 1024;
+
+/// An entry's weight: its key, its record and an inline value's bytes.
+#[derive(Clone)]
+struct EntryWeighter;
+
+impl quick_cache::Weighter<String, EntryRecord> for EntryWeighter {
+    fn weight(&self, key: &String, record: &EntryRecord) -> u64 {
+        let stored = match &record.stored {
+            Stored::Blob(key) => key.len(),
+            Stored::Inline(bytes) => bytes.len(),
+        };
+        (key.len() + record.path.len() + stored) as u64 + 128
+    }
+}
 
 pub struct EntryCache {
-    entries: Cache<String, EntryRecord>,
+    entries: Cache<String, EntryRecord, EntryWeighter>,
     epoch: AtomicU64,
     /// False on a store shared by several instances: another instance's write is only
     /// seen by this one's tailer some time after it was acknowledged, so a cached row
@@ -40,14 +56,19 @@ pub struct ReadTicket(u64);
 
 impl Default for EntryCache {
     fn default() -> Self {
-        Self::new(CAPACITY)
+        Self::new(CAPACITY_BYTES)
     }
 }
 
 impl EntryCache {
-    pub fn new(capacity: usize) -> Self {
+    /// A cache of at most `bytes` (by [`EntryWeighter`]'s measure).
+    pub fn new(bytes: u64) -> Self {
         Self {
-            entries: Cache::new(capacity.max(1)),
+            entries: Cache::with_weighter(
+                (bytes / 256).max(1) as usize,
+                bytes.max(1),
+                EntryWeighter,
+            ),
             epoch: AtomicU64::new(0),
             enabled: true,
         }
@@ -56,7 +77,7 @@ impl EntryCache {
     /// A cache that never holds anything (for stores shared by several instances).
     pub fn disabled() -> Self {
         Self {
-            entries: Cache::new(1),
+            entries: Cache::with_weighter(1, 1, EntryWeighter),
             epoch: AtomicU64::new(0),
             enabled: false,
         }
@@ -109,7 +130,7 @@ mod tests {
     fn record(size: u64) -> EntryRecord {
         EntryRecord {
             path: "/pub/a".into(),
-            blob_key: "k".into(),
+            stored: Stored::Blob("k".into()),
             size,
             content_hash: [0; 32],
             created_at: 0,
@@ -119,7 +140,7 @@ mod tests {
 
     #[test]
     fn insert_get_invalidate() {
-        let c = EntryCache::new(10);
+        let c = EntryCache::new(10_000);
         let t = c.ticket();
         c.insert(t, "u", "/pub/a", record(1));
         assert_eq!(c.get("u", "/pub/a").map(|r| r.size), Some(1));
@@ -129,7 +150,7 @@ mod tests {
 
     #[test]
     fn a_read_that_raced_a_write_is_not_cached() {
-        let c = EntryCache::new(10);
+        let c = EntryCache::new(10_000);
         let t = c.ticket();
         // A write commits and invalidates while the read is in flight.
         c.invalidate("u", "/pub/a");

@@ -619,7 +619,7 @@ mod tests {
     use futures_util::StreamExt;
 
     use super::*;
-    use crate::persistence::metadata::{NewEntry, ReplayMark};
+    use crate::persistence::metadata::{NewEntry, ReplayMark, Stored};
     use crate::persistence::{DatabaseUrl, MetadataWrites, open_metadata};
 
     fn users(query: &str, last_event_id: Option<u64>) -> Vec<(String, u64)> {
@@ -691,7 +691,7 @@ mod tests {
                 NewEntry {
                     user,
                     path,
-                    blob_key: "k",
+                    stored: Stored::Blob("k".into()),
                     size: 1,
                     content_hash: [n; 32],
                     now: 1,

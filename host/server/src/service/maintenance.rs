@@ -33,7 +33,9 @@ use super::{ServiceError, now_secs};
 use crate::persistence::metadata::{
     BlobState, EntryRange, EntryRecord, EventQuery, NewEntry, PutOutcome, ReplayMark, SignupOutcome,
 };
-use crate::persistence::{BlobError, BlobStore, MetadataStore, MetadataWrites};
+use crate::persistence::{
+    BlobError, BlobStore, MetadataStore, MetadataWrites, ValueWriter, read_value,
+};
 
 /// Rows read at a time when walking a store.
 const PAGE: u32 = 500;
@@ -140,6 +142,8 @@ pub struct FsckReport {
     pub entries: u64,
     pub bytes: u64,
     pub blobs: u64,
+    /// Entries whose value is in their row (`storage.inline_max_bytes`), not a blob.
+    pub inline_values: u64,
     /// Replaced or deleted values kept for the grace period (`storage.blob_grace_secs`)
     /// before the sweep deletes them: expected, neither orphans nor missing.
     pub retired_blobs: u64,
@@ -193,14 +197,19 @@ pub async fn fsck(
                     report.bytes += entry.size;
                     sum += entry.size;
                     progress.advance(entry.size);
-                    if blobs.size_of(&entry.blob_key).await?.is_none() {
+                    // An inline value is in the row itself: nothing to look for.
+                    let Some(key) = entry.stored.blob_key() else {
+                        report.inline_values += 1;
+                        continue;
+                    };
+                    if blobs.size_of(key).await?.is_none() {
                         // Re-read: an overwrite may have moved it to a new blob meanwhile.
                         let now = metadata.entry(&user.public_key, &entry.path).await?;
-                        if now.is_some_and(|n| n.blob_key == entry.blob_key) {
+                        if now.is_some_and(|n| n.stored == entry.stored) {
                             report.missing_blobs.push(MissingBlob {
                                 user: user.public_key.clone(),
                                 path: entry.path.clone(),
-                                blob_key: entry.blob_key.clone(),
+                                blob_key: key.to_owned(),
                             });
                         }
                     }
@@ -346,7 +355,8 @@ pub async fn export_user<W: Write + Send + 'static>(
             }))?;
             let full = page.len() == PAGE as usize;
             for entry in &page {
-                let stream = handle.block_on(stores.blobs.get(&entry.blob_key, entry.size))?;
+                let stream =
+                    handle.block_on(read_value(&stores.blobs, &entry.stored, entry.size))?;
                 let reader = tokio_util::io::StreamReader::new(stream.map_err(blob_io));
                 let reader = tokio_util::io::SyncIoBridge::new_with_handle(reader, handle.clone());
                 let hash = STANDARD.encode(entry.content_hash);
@@ -390,6 +400,7 @@ pub async fn import_archive<R: Read + Send + 'static>(
     stores: &Stores,
     input: R,
     default_quota: u64,
+    inline_max: u64,
     progress: Arc<dyn Progress>,
 ) -> Result<TransferSummary, ServiceError> {
     let stores = stores.clone();
@@ -447,8 +458,7 @@ pub async fn import_archive<R: Read + Send + 'static>(
                     ServiceError::BadRequest(format!("archive: {name} has no content hash"))
                 })?;
             let size = entry.size();
-            let blob_key = BlobStore::new_key(user);
-            let mut writer = stores.blobs.writer(&blob_key);
+            let mut writer = ValueWriter::new(&stores.blobs, user, inline_max, Some(size));
             let mut hasher = blake3::Hasher::new();
             let mut buffer = vec![0u8; 256 * 1024];
             let copied: Result<(), ServiceError> = (|| {
@@ -476,13 +486,13 @@ pub async fn import_archive<R: Read + Send + 'static>(
                 handle.block_on(writer.abort());
                 return Err(e);
             }
-            handle.block_on(writer.finish())?;
+            let stored = handle.block_on(writer.finish())?;
             let content_hash = *hasher.finalize().as_bytes();
             let outcome = handle.block_on(stores.metadata.commit_put(
                 NewEntry {
                     user,
                     path: path.as_str(),
-                    blob_key: &blob_key,
+                    stored: stored.clone(),
                     size,
                     content_hash,
                     now: now_secs(),
@@ -494,7 +504,9 @@ pub async fn import_archive<R: Read + Send + 'static>(
                 // A replaced value was retired by the commit, for the sweep.
                 Ok(PutOutcome::Committed { .. }) => {}
                 other => {
-                    let _ = handle.block_on(stores.blobs.delete(&blob_key));
+                    if let Some(key) = stored.blob_key() {
+                        let _ = handle.block_on(stores.blobs.delete(key));
+                    }
                     return Err(match other {
                         Ok(PutOutcome::QuotaExceeded(q)) => ServiceError::QuotaExceeded {
                             used: q.used,
@@ -580,11 +592,14 @@ pub async fn migrate(
         for user in users {
             all_entries(from.metadata.as_ref(), &user.public_key, async |entries| {
                 for entry in &entries {
-                    // The value before the entry that points at it.
-                    if to.blobs.size_of(&entry.blob_key).await? == Some(entry.size) {
-                        summary.blobs_skipped += 1;
-                    } else {
-                        copy_blob(&from.blobs, &to.blobs, entry).await?;
+                    // The value before the entry that points at it (an inline value
+                    // comes with its row).
+                    if let Some(key) = entry.stored.blob_key() {
+                        if to.blobs.size_of(key).await? == Some(entry.size) {
+                            summary.blobs_skipped += 1;
+                        } else {
+                            copy_blob(&from.blobs, &to.blobs, key, entry.size).await?;
+                        }
                     }
                     summary.bytes += entry.size;
                     progress.advance(entry.size);
@@ -695,7 +710,9 @@ pub async fn verify_copy(from: &Stores, to: &Stores) -> Result<VerifySummary, Se
                         Some(_) => return Err(differ(format!("{key}{}", entry.path))),
                         None => return Err(differ(format!("{key}{} is missing", entry.path))),
                     }
-                    if to.blobs.size_of(&entry.blob_key).await? != Some(entry.size) {
+                    if let Some(key) = entry.stored.blob_key()
+                        && to.blobs.size_of(key).await? != Some(entry.size)
+                    {
                         return Err(differ(format!(
                             "the value of {key}{} is missing or cut short",
                             entry.path
@@ -754,10 +771,11 @@ pub async fn verify_copy(from: &Stores, to: &Stores) -> Result<VerifySummary, Se
 async fn copy_blob(
     from: &BlobStore,
     to: &BlobStore,
-    entry: &EntryRecord,
+    key: &str,
+    size: u64,
 ) -> Result<(), ServiceError> {
-    let mut stream = from.get(&entry.blob_key, entry.size).await?;
-    let mut writer = to.writer(&entry.blob_key);
+    let mut stream = from.get(key, size).await?;
+    let mut writer = to.writer(key);
     let mut copied = 0u64;
     while let Some(chunk) = stream.next().await {
         match chunk {
@@ -771,11 +789,10 @@ async fn copy_blob(
             }
         }
     }
-    if copied != entry.size {
+    if copied != size {
         writer.abort().await;
         return Err(ServiceError::Internal(format!(
-            "blob {} has {copied} bytes, its entry says {}",
-            entry.blob_key, entry.size
+            "blob {key} has {copied} bytes, its entry says {size}"
         )));
     }
     writer.finish().await?;

@@ -33,7 +33,7 @@ use crate::persistence::metadata::{
     DeleteOutcome, EntryRange, NewEntry, PutOutcome, QuotaExceeded,
 };
 use crate::persistence::rules::check_quota;
-use crate::persistence::{BlobStore, MetadataStore, MetadataWrites};
+use crate::persistence::{BlobStore, MetadataStore, MetadataWrites, ValueWriter, read_value};
 
 /// One stored value as routes see it: what its response headers say. Where its bytes
 /// live (the blob key) stays inside the service; [`StorageService::open`] reads them.
@@ -69,6 +69,9 @@ pub struct StorageLimits {
     pub upload_timeout: std::time::Duration,
     /// Memory all uploads whose signature is not proven yet may hold at once.
     pub unproven_upload_memory_bytes: usize,
+    /// Values up to this size live in their entry's row, larger ones in the blob store
+    /// (`persistence::values`); 0 puts every value in the blob store.
+    pub inline_max_bytes: u64,
 }
 
 /// Listing page size when none is asked for, and the largest allowed.
@@ -217,12 +220,16 @@ impl StorageService {
             return Err(refusal);
         }
 
-        let blob_key = BlobStore::new_key(&user);
-        let mut blob = self.blobs.writer(&blob_key);
+        let mut value = ValueWriter::new(
+            &self.blobs,
+            &user,
+            self.limits.inline_max_bytes,
+            declared_len,
+        );
         let streamed = if proven {
-            stream_into(body, &self.limits, Sink::Blob(&mut blob)).await
+            stream_into(body, &self.limits, Sink::Value(&mut value)).await
         } else {
-            self.prove_then_write(&writer, body, &mut blob).await
+            self.prove_then_write(&writer, body, &mut value).await
         };
         let streamed = match streamed {
             Ok(s) if declared_sha256.is_some_and(|d| d != s.sha256) => Err(
@@ -233,11 +240,11 @@ impl StorageService {
         let streamed = match streamed {
             Ok(s) => s,
             Err(e) => {
-                blob.abort().await;
+                value.abort().await;
                 return Err(e);
             }
         };
-        blob.finish().await?;
+        let stored = value.finish().await?;
         let replay = match &writer {
             Writer::Signed { header, .. } => Some(auth::replay_mark(header)),
             Writer::Session(_) => None,
@@ -250,7 +257,7 @@ impl StorageService {
                 NewEntry {
                     user: &user,
                     path: path.as_str(),
-                    blob_key: &blob_key,
+                    stored: stored.clone(),
                     size: streamed.size,
                     content_hash: streamed.blake3,
                     now,
@@ -280,25 +287,29 @@ impl StorageService {
             Err(e) => {
                 // The commit may have happened all the same (its answer lost in
                 // transit, a deadline passed while the database was committing), and
-                // may become visible only later: the blob is left to the sweep, which
+                // may become visible only later: a blob is left to the sweep, which
                 // deletes it only if no entry points at it once it is old.
-                tracing::debug!(blob = %blob_key, error = %e, "a PUT's commit failed; its blob is left to the sweep");
+                if let Some(key) = stored.blob_key() {
+                    tracing::debug!(blob = %key, error = %e, "a PUT's commit failed; its blob is left to the sweep");
+                }
                 return Err(e.into());
             }
         };
-        // Nothing points at the new blob, nor ever did: drop it now (a crash here leaves
+        // Nothing points at a new blob, nor ever did: drop it now (a crash here leaves
         // it to the sweep).
-        self.delete_unused_blob(blob_key);
+        if let Some(key) = stored.into_blob_key() {
+            self.delete_unused_blob(key);
+        }
         Err(error)
     }
 
     /// A signed body without a declared digest: held in memory until the signature is
-    /// checked against it, and only then written to the blob.
+    /// checked against it, and only then written to the value.
     async fn prove_then_write<S>(
         &self,
         writer: &Writer<'_>,
         body: S,
-        blob: &mut crate::persistence::BlobWriter,
+        value: &mut ValueWriter,
     ) -> Result<Streamed, ServiceError>
     where
         S: Stream<Item = Result<Bytes, BodyError>> + Send + Unpin,
@@ -309,7 +320,7 @@ impl StorageService {
             auth::verify(header, target, &streamed.sha256)?;
         }
         for chunk in staged.chunks() {
-            blob.write(chunk.clone()).await?;
+            value.write(chunk.clone()).await?;
         }
         Ok(streamed)
     }
@@ -391,7 +402,7 @@ impl StorageService {
     > {
         let Entry(mut record) = entry;
         for _ in 0..3 {
-            match self.blobs.get(&record.blob_key, record.size).await {
+            match read_value(&self.blobs, &record.stored, record.size).await {
                 // An I/O error is what a response body reports (the connection ends).
                 Ok(stream) => {
                     return Ok((Entry(record), stream.map_err(std::io::Error::other).boxed()));
@@ -400,10 +411,10 @@ impl StorageService {
                     // The cached row may be the stale one: ask the database.
                     self.entry_cache.invalidate(&space.to_z32(), path.as_str());
                     let again = self.record(space, path).await?;
-                    if again.blob_key == record.blob_key {
+                    if again.stored == record.stored {
                         return Err(ServiceError::Internal(format!(
-                            "entry {path} points at missing blob {}",
-                            record.blob_key
+                            "entry {path} points at a missing blob ({})",
+                            record.stored.blob_key().unwrap_or_default()
                         )));
                     }
                     record = again;
@@ -648,7 +659,7 @@ fn decode_cursor(cursor: &str, prefix: &str) -> Result<String, ServiceError> {
 enum Sink<'a> {
     /// Only hashed and counted.
     Discard,
-    Blob(&'a mut crate::persistence::BlobWriter),
+    Value(&'a mut ValueWriter),
     Memory(&'a mut StagedBody),
 }
 
@@ -688,7 +699,7 @@ where
         blake.update(&chunk);
         match &mut sink {
             Sink::Discard => {}
-            Sink::Blob(w) => w.write(chunk).await?,
+            Sink::Value(w) => w.write(chunk).await?,
             Sink::Memory(staged) => staged.push(chunk)?,
         }
     }

@@ -180,18 +180,20 @@ async fn missing_from_backup(
             .await
             .unwrap();
         for entry in entries {
-            let file = homeserver::persistence::blobs::local_blob_file(
-                &backup.join("blobs"),
-                &entry.blob_key,
-            );
+            // A value kept in its row is in the backup's database.
+            let Some(blob_key) = entry.stored.blob_key() else {
+                continue;
+            };
+            let file =
+                homeserver::persistence::blobs::local_blob_file(&backup.join("blobs"), blob_key);
             if !file.exists() {
                 missing.push(format!(
                     "{}{} (blob {}): in the source bucket {:?}, in the source database {:?}",
                     user.public_key,
                     entry.path,
-                    entry.blob_key,
-                    source_blobs.size_of(&entry.blob_key).await,
-                    source_meta.blob_state(&entry.blob_key).await
+                    blob_key,
+                    source_blobs.size_of(blob_key).await,
+                    source_meta.blob_state(blob_key).await
                 ));
             }
         }

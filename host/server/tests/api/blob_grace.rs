@@ -14,6 +14,11 @@ use homeserver::service::maintenance::{self, Quiet};
 
 use crate::fixture::*;
 
+/// Every value in the blob store, however small (these tests are about blobs).
+fn blobs_only(config: &mut homeserver::Config) {
+    config.storage.inline_max_bytes = 0;
+}
+
 /// The blob an entry points at now.
 async fn blob_of(host: &TestHost, user: &str, path: &str) -> String {
     let ctx = host.server().context();
@@ -23,7 +28,9 @@ async fn blob_of(host: &TestHost, user: &str, path: &str) -> String {
         .await
         .unwrap()
         .unwrap()
-        .blob_key
+        .stored
+        .into_blob_key()
+        .expect("a value in the blob store")
 }
 
 async fn exists(host: &TestHost, blob: &str) -> bool {
@@ -33,7 +40,7 @@ async fn exists(host: &TestHost, blob: &str) -> bool {
 
 #[tokio::test]
 async fn a_replaced_value_survives_its_grace_then_goes() {
-    let host = TestHost::start().await;
+    let host = TestHost::start_with(blobs_only).await;
     let alice = host.user().await;
     let user = alice.public_key().to_z32();
     assert_eq!(host.put(&alice, "/pub/a", b"first").await.status(), 200);
@@ -99,7 +106,11 @@ async fn a_replaced_value_survives_its_grace_then_goes() {
 /// retired values once `storage.blob_grace_secs` has passed.
 #[tokio::test]
 async fn the_server_sweeps_retired_values_after_the_configured_grace() {
-    let host = TestHost::start_with(|c| c.storage.blob_grace_secs = 2).await;
+    let host = TestHost::start_with(|c| {
+        blobs_only(c);
+        c.storage.blob_grace_secs = 2;
+    })
+    .await;
     let alice = host.user().await;
     let user = alice.public_key().to_z32();
     assert_eq!(host.put(&alice, "/pub/a", b"first").await.status(), 200);
@@ -133,7 +144,7 @@ async fn a_blob_that_cannot_be_deleted_does_not_hold_up_the_sweep() {
         );
         return;
     }
-    let host = TestHost::start().await;
+    let host = TestHost::start_with(blobs_only).await;
     let alice = host.user().await;
     let user = alice.public_key().to_z32();
     let mut retired = Vec::new();
@@ -192,7 +203,7 @@ async fn exists_not(host: &TestHost, blob: &str) -> bool {
 /// gone, the record stays): fsck finds nothing wrong, and the next sweep forgets it.
 #[tokio::test]
 async fn a_sweep_cut_off_between_blob_and_record_leaves_nothing_wrong() {
-    let host = TestHost::start().await;
+    let host = TestHost::start_with(blobs_only).await;
     let alice = host.user().await;
     let user = alice.public_key().to_z32();
     assert_eq!(host.put(&alice, "/pub/a", b"first").await.status(), 200);

@@ -26,6 +26,7 @@ mod events;
 mod first_run;
 mod guests;
 mod health;
+mod inline_values;
 mod limits;
 mod listing;
 mod maintenance;

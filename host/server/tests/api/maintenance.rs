@@ -63,7 +63,8 @@ fn text(output: &Output) -> String {
 
 #[tokio::test]
 async fn fsck_finds_and_repairs_missing_values_orphans_and_usage() {
-    let host = TestHost::start().await;
+    // "bbbb" goes to a blob (the value this test loses), "aaa" and "cc" stay in their rows.
+    let host = TestHost::start_with(|c| c.storage.inline_max_bytes = 3).await;
     let alice = host.user().await;
     let user = alice.public_key().to_z32();
     for (path, body) in [("/pub/a", "aaa"), ("/pub/b", "bbbb"), ("/pub/c", "cc")] {
@@ -89,7 +90,8 @@ async fn fsck_finds_and_repairs_missing_values_orphans_and_usage() {
         .await
         .unwrap()
         .unwrap();
-    ctx.stores().blobs.delete(&lost.blob_key).await.unwrap();
+    let lost = lost.stored.blob_key().expect("a value in the blob store");
+    ctx.stores().blobs.delete(lost).await.unwrap();
     let orphan = format!("{user}/0190a0a0-0000-7000-8000-00000000beef");
     ctx.stores()
         .blobs
@@ -145,6 +147,10 @@ async fn fsck_finds_and_repairs_missing_values_orphans_and_usage() {
     assert_eq!(out.status.code(), Some(0), "{}", text(&out));
     let json: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
     assert_eq!(json["entries"], 2, "{json}");
+    assert_eq!(
+        json["inline_values"], 2,
+        "the two left are in their rows: {json}"
+    );
 
     // The server serves the repaired store: /pub/b is gone with a DEL event, usage is 5.
     let host = TestHost::start_in(dir, config).await;

@@ -223,7 +223,7 @@ async fn s3_down_answers_503_and_the_server_recovers_by_itself() {
     s3.stop();
     let started = Instant::now();
     let e = expect_error(
-        host.put(&alice, "/pub/lost", b"never stored").await,
+        host.put(&alice, "/pub/lost", &vec![4u8; 100 << 10]).await,
         503,
         ErrorCode::ServiceUnavailable,
     )

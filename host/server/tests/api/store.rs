@@ -8,7 +8,7 @@ use std::sync::atomic::{AtomicBool, Ordering};
 
 use homeserver::persistence::metadata::{
     BlobState, CreateSessionOutcome, DeleteOutcome, EntryRange, EventQuery, NewEntry, PutOutcome,
-    QuotaExceeded, ReplayMark, ReverseEventQuery, SessionRecord, SignupOutcome, UserCursor,
+    QuotaExceeded, ReplayMark, ReverseEventQuery, SessionRecord, SignupOutcome, Stored, UserCursor,
 };
 use homeserver::persistence::{MetadataStore, MetadataWrites, StoreError};
 use homeserver_protocol::event::EventKind;
@@ -52,7 +52,7 @@ fn new_entry<'a>(user: &'a str, path: &'a str, blob: &'a str, size: u64) -> NewE
     NewEntry {
         user,
         path,
-        blob_key: blob,
+        stored: Stored::Blob(blob.to_owned()),
         size,
         content_hash: [size as u8; 32],
         now: 1000,
@@ -227,8 +227,8 @@ async fn put_commits_entry_usage_and_event_together() {
     );
     let entry = s.entry(&alice, "/pub/a").await.unwrap().unwrap();
     assert_eq!(
-        (entry.blob_key.as_str(), entry.size, entry.content_hash),
-        ("blob-1", 10, [10; 32])
+        (entry.stored.blob_key(), entry.size, entry.content_hash),
+        (Some("blob-1"), 10, [10; 32])
     );
     assert_eq!(used(s, &alice).await, 10);
     assert!(s.blob_referenced("blob-1").await.unwrap());
@@ -498,7 +498,7 @@ async fn delete_outcomes() {
     assert_eq!(
         s.commit_delete(&alice, "/pub/a", 5, Some(m)).await.unwrap(),
         DeleteOutcome::Deleted {
-            blob_key: format!("{alice}//pub/a/7")
+            blob_key: Some(format!("{alice}//pub/a/7"))
         }
     );
     assert!(s.entry(&alice, "/pub/a").await.unwrap().is_none());
@@ -758,7 +758,10 @@ async fn account_deletion() {
     s.create_session(&session, mark()).await.unwrap();
     let before = s.latest_cursor().await.unwrap();
 
-    let mut blobs = s.delete_account(&alice, 5).await.unwrap().unwrap();
+    let mut blobs: Vec<String> = (s.delete_account(&alice, 5).await.unwrap().unwrap())
+        .into_iter()
+        .filter_map(Stored::into_blob_key)
+        .collect();
     blobs.sort();
     assert_eq!(
         blobs,
@@ -857,6 +860,124 @@ async fn unreferenced_blobs_are_retired_with_their_commit() {
     assert_eq!(s.forget_retired_blobs(&retired[..2]).await.unwrap(), 0);
     assert_eq!(s.retired_blobs(i64::MAX, 100).await.unwrap(), retired[2..]);
     assert_eq!(s.blob_state("alice-a-2").await.unwrap(), BlobState::Unknown);
+}
+
+/// Small values in their rows: they read back byte for byte (the empty value too), are
+/// replaced by a blob and replace one, count toward usage, and are never retired (no
+/// blob to delete); copies carry them.
+#[tokio::test]
+async fn inline_values_live_in_their_rows() {
+    let f = fixture().await;
+    let s = f.store.as_ref();
+    let alice = key(1);
+    sign_up(s, &alice).await;
+    let inline = |bytes: &'static [u8]| Stored::Inline(bytes::Bytes::from_static(bytes));
+    let put_inline = async |path: &str, bytes: &'static [u8], now: i64| {
+        let entry = NewEntry {
+            stored: inline(bytes),
+            now,
+            ..new_entry(&alice, path, "unused", bytes.len() as u64)
+        };
+        s.commit_put(entry, Some(mark())).await.unwrap()
+    };
+    // Every byte value, and the empty value (which SQLite may hand back as NULL).
+    static ALL_BYTES: [u8; 256] = {
+        let mut b = [0u8; 256];
+        let mut i = 0;
+        while i < 256 {
+            b[i] = i as u8;
+            i += 1;
+        }
+        b
+    };
+    let all_bytes: &'static [u8] = &ALL_BYTES;
+    assert!(matches!(
+        put_inline("/pub/bytes", all_bytes, 1000).await,
+        PutOutcome::Committed {
+            replaced_blob: None,
+            ..
+        }
+    ));
+    put_inline("/pub/empty", b"", 1000).await;
+    let read = async |path: &str| s.entry(&alice, path).await.unwrap().unwrap();
+    assert_eq!(read("/pub/bytes").await.stored, inline(all_bytes));
+    assert_eq!(read("/pub/empty").await.stored, inline(b""));
+    assert_eq!(used(s, &alice).await, 256);
+
+    // A blob replaced by an inline value is retired; an inline value replaced by a blob
+    // or deleted retires nothing.
+    s.commit_put(new_entry(&alice, "/pub/a", "alice-a-blob", 9), None)
+        .await
+        .unwrap();
+    assert_eq!(
+        put_inline("/pub/a", b"small", 2000).await,
+        PutOutcome::Committed {
+            created_at: 1000,
+            replaced_blob: Some("alice-a-blob".into())
+        }
+    );
+    assert_eq!(
+        s.blob_state("alice-a-blob").await.unwrap(),
+        BlobState::Retired { retired_at: 2000 }
+    );
+    assert_eq!(
+        s.commit_put(new_entry(&alice, "/pub/bytes", "alice-bytes", 3), None)
+            .await
+            .unwrap(),
+        PutOutcome::Committed {
+            created_at: 1000,
+            replaced_blob: None
+        }
+    );
+    assert_eq!(
+        read("/pub/bytes").await.stored.blob_key(),
+        Some("alice-bytes")
+    );
+    assert_eq!(
+        s.commit_delete(&alice, "/pub/a", 3000, None).await.unwrap(),
+        DeleteOutcome::Deleted { blob_key: None }
+    );
+    assert_eq!(
+        s.retired_blobs(i64::MAX, 100).await.unwrap(),
+        ["alice-a-blob"]
+    );
+    assert_eq!(used(s, &alice).await, 3);
+
+    // Copies carry inline values.
+    put_inline("/pub/c", b"copied", 3000).await;
+    let to = fixture().await;
+    let b = to.store.as_ref();
+    b.copy_users(&s.users_after("", 100).await.unwrap())
+        .await
+        .unwrap();
+    let entries = s
+        .entries(EntryRange {
+            user: &alice,
+            after: "",
+            before: "{",
+            descending: false,
+            limit: 100,
+        })
+        .await
+        .unwrap();
+    assert_eq!(entries.len(), 3, "{entries:?}");
+    b.copy_entries(&alice, &entries).await.unwrap();
+    for entry in &entries {
+        assert_eq!(
+            b.entry(&alice, &entry.path).await.unwrap().as_ref(),
+            Some(entry)
+        );
+    }
+    assert_eq!(read("/pub/c").await.stored, inline(b"copied"));
+    // An account deletion hands back where each value was, in path order.
+    assert_eq!(
+        s.delete_account(&alice, 4000).await.unwrap(),
+        Some(vec![
+            Stored::Blob("alice-bytes".into()),
+            inline(b"copied"),
+            inline(b""),
+        ])
+    );
 }
 
 /// The sweep's lease: one holder at a time until it expires; the holder renews it;
@@ -1037,7 +1158,14 @@ async fn repairs_are_rules_too() {
     sign_up(s, &alice).await;
     put(s, &alice, "/pub/a", 10).await;
     put(s, &alice, "/pub/b", 5).await;
-    let blob_a = s.entry(&alice, "/pub/a").await.unwrap().unwrap().blob_key;
+    let blob_a = s
+        .entry(&alice, "/pub/a")
+        .await
+        .unwrap()
+        .unwrap()
+        .stored
+        .into_blob_key()
+        .unwrap();
     // Not the entry's blob any more (an overwrite came first): left alone.
     assert!(
         !s.remove_entry_if_blob(&alice, "/pub/a", "someone/else", 2000)

@@ -10,7 +10,7 @@ use sqlx::any::{AnyArguments, AnyQueryResult, AnyRow};
 use sqlx::error::BoxDynError;
 use sqlx::{Any, Arguments, Encode, Executor, Row, Type};
 
-use super::super::metadata::{EntryRecord, EventRecord, UserCursor, UserRecord};
+use super::super::metadata::{EntryRecord, EventRecord, Stored, UserCursor, UserRecord};
 
 /// The users table's columns, in the order [`copy_users`](super) inserts them.
 pub(super) const USER_COLUMNS: &str =
@@ -19,11 +19,14 @@ pub(super) const USER_COLUMNS: &str =
 /// (a PostgreSQL BOOLEAN, a SQLite INTEGER; the Any driver reads no flag from SQLite).
 pub(super) const USER_SELECT: &str = "public_key, created_at, used_bytes, quota_bytes, \
      CASE WHEN disabled THEN 1 ELSE 0 END AS disabled, last_activity";
-pub(crate) const ENTRY_COLUMNS: &str = "path, blob_key, size, content_hash, created_at, updated_at";
+/// An inline value is a row with an empty `blob_key` and its bytes in `inline_value`
+/// (see [`stored_columns`]).
+pub(crate) const ENTRY_COLUMNS: &str =
+    "path, blob_key, size, content_hash, created_at, updated_at, inline_value";
 pub(super) const EVENT_COLUMNS: &str = "cursor, owner, path, kind, content_hash, created_at";
 
 /// Rows a multi-row statement carries at most: SQLite allows 32766 bound values a
-/// statement, PostgreSQL 65535; the widest row here has 7.
+/// statement, PostgreSQL 65535; the widest row here has 8.
 pub(super) const CHUNK: usize = 1000;
 
 pub(super) fn to_u64(v: i64) -> u64 {
@@ -51,10 +54,29 @@ pub(super) fn hash32(bytes: Vec<u8>) -> Result<[u8; 32], sqlx::Error> {
         .map_err(|_| sqlx::Error::Decode("a hash column is not 32 bytes".into()))
 }
 
+/// The `blob_key` and `inline_value` columns of a [`Stored`]: a blob key never is
+/// empty (`BlobStore::new_key`), so an empty one marks an inline value.
+pub(super) fn stored_columns(stored: &Stored) -> (&str, Option<&[u8]>) {
+    match stored {
+        Stored::Blob(key) => (key, None),
+        Stored::Inline(bytes) => ("", Some(bytes)),
+    }
+}
+
+fn stored_from_row(row: &AnyRow) -> Result<Stored, sqlx::Error> {
+    let blob_key: String = row.try_get("blob_key")?;
+    if !blob_key.is_empty() {
+        return Ok(Stored::Blob(blob_key));
+    }
+    // A zero-length BLOB may read back as NULL.
+    let bytes: Option<Vec<u8>> = row.try_get("inline_value")?;
+    Ok(Stored::Inline(bytes.unwrap_or_default().into()))
+}
+
 pub(crate) fn entry_from_row(row: &AnyRow) -> Result<EntryRecord, sqlx::Error> {
     Ok(EntryRecord {
         path: row.try_get("path")?,
-        blob_key: row.try_get("blob_key")?,
+        stored: stored_from_row(row)?,
         size: to_u64(row.try_get("size")?),
         content_hash: hash32(row.try_get("content_hash")?)?,
         created_at: row.try_get("created_at")?,

@@ -6,7 +6,8 @@ use sqlx::{Any, Transaction};
 
 use super::dialect::{Dialect, EVENTS_CHANNEL};
 use super::rows::{
-    self, CHUNK, ENTRY_COLUMNS, Statement, decode_all, entry_from_row, to_i64, to_u64,
+    self, CHUNK, ENTRY_COLUMNS, Statement, decode_all, entry_from_row, stored_columns, to_i64,
+    to_u64,
 };
 use crate::persistence::metadata::{
     EntryRecord, NewEvent, ReplayMark, SessionRecord, StoreError, TokenRedemption, UserRecord,
@@ -137,20 +138,24 @@ impl WriteTx for SqlWriteTx {
     }
 
     async fn put_entry(&mut self, user: &str, entry: &EntryRecord) -> Result<(), StoreError> {
+        let (blob_key, inline_value) = stored_columns(&entry.stored);
         sqlx::query(
-            "INSERT INTO entries (owner, path, blob_key, size, content_hash, created_at, updated_at) \
-             VALUES ($1, $2, $3, $4, $5, $6, $7) \
+            "INSERT INTO entries \
+             (owner, path, blob_key, size, content_hash, created_at, updated_at, inline_value) \
+             VALUES ($1, $2, $3, $4, $5, $6, $7, $8) \
              ON CONFLICT (owner, path) DO UPDATE SET blob_key = excluded.blob_key, \
              size = excluded.size, content_hash = excluded.content_hash, \
-             created_at = excluded.created_at, updated_at = excluded.updated_at",
+             created_at = excluded.created_at, updated_at = excluded.updated_at, \
+             inline_value = excluded.inline_value",
         )
         .bind(user)
         .bind(&entry.path)
-        .bind(&entry.blob_key)
+        .bind(blob_key)
         .bind(to_i64(entry.size))
         .bind(&entry.content_hash[..])
         .bind(entry.created_at)
         .bind(entry.updated_at)
+        .bind(inline_value)
         .execute(&mut *self.tx)
         .await
         .map_err(self.err())?;

@@ -1,0 +1,3 @@
+-- Small values live in their entry's row: blob_key is '' and the bytes are here (NULL
+-- for a value in the blob store).
+ALTER TABLE entries ADD COLUMN inline_value BYTEA;
