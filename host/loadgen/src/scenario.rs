@@ -29,6 +29,10 @@ pub enum Scenario {
     /// Signed PUT of a 1 KiB value, a new path each time.
     #[value(name = "put-1k")]
     Put1k,
+    /// Signed PUT of a 16 KiB value, a new path each time (the largest value kept in
+    /// its row by default, `storage.inline_max_bytes`).
+    #[value(name = "put-16k")]
+    Put16k,
     /// Signed PUT of a 1 MiB value, a new path each time.
     #[value(name = "put-1m")]
     Put1m,
@@ -76,8 +80,9 @@ pub enum Kind {
 }
 
 impl Scenario {
-    pub const ALL: [Scenario; 11] = [
+    pub const ALL: [Scenario; 12] = [
         Scenario::Put1k,
+        Scenario::Put16k,
         Scenario::Put1m,
         Scenario::Put10m,
         Scenario::Get10m,
@@ -94,6 +99,7 @@ impl Scenario {
     pub fn name(self) -> &'static str {
         match self {
             Scenario::Put1k => "put-1k",
+            Scenario::Put16k => "put-16k",
             Scenario::Put1m => "put-1m",
             Scenario::Put10m => "put-10m",
             Scenario::Get10m => "get-10m",
@@ -109,7 +115,7 @@ impl Scenario {
 
     pub fn kind(self) -> Kind {
         match self {
-            Scenario::Put1k | Scenario::Put1m | Scenario::Put10m => Kind::Put,
+            Scenario::Put1k | Scenario::Put16k | Scenario::Put1m | Scenario::Put10m => Kind::Put,
             Scenario::Get1k | Scenario::Get1m | Scenario::Get10m => Kind::SignedGet,
             Scenario::PublicGet1k | Scenario::PublicGet1m => Kind::PublicGet,
             Scenario::SessionGet1k | Scenario::SessionGetLoop => Kind::SessionGet,
@@ -123,6 +129,7 @@ impl Scenario {
             Scenario::Put1k | Scenario::Get1k | Scenario::PublicGet1k | Scenario::SessionGet1k => {
                 KIB
             }
+            Scenario::Put16k => 16 * KIB,
             Scenario::Put1m | Scenario::Get1m | Scenario::PublicGet1m => MIB,
             Scenario::Put10m | Scenario::Get10m => 10 * MIB,
             Scenario::Static | Scenario::SessionGetLoop => 0,
