@@ -1,4 +1,3 @@
 -- Small values live in their entry's row: blob_key is '' and the bytes are here (NULL
--- for a value in the blob store). Added last, so a row's other columns stay in its
--- first page and listings do not read the values (they spill to overflow pages).
+-- for a value in the blob store). Listings select the other columns only.
 ALTER TABLE entries ADD COLUMN inline_value BLOB;

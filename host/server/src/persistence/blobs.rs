@@ -328,6 +328,12 @@ impl BlobStore {
     }
 
     pub async fn delete(&self, key: &str) -> Result<(), BlobError> {
+        // No blob has an empty key (`new_key`); an empty key is an inline value's mark,
+        // which a 0.1.0 instance running beside this version may have retired as a
+        // blob: there is nothing to delete (and on S3 it would name the bucket's root).
+        if key.is_empty() {
+            return Ok(());
+        }
         self.small.remove(key);
         match self.store.delete(&Path::from(key)).await {
             Ok(()) | Err(object_store::Error::NotFound { .. }) => Ok(()),

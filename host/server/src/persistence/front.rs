@@ -21,10 +21,10 @@ use tokio::sync::Notify;
 
 use super::group_commit::CommitQueue;
 use super::metadata::{
-    BlobState, EntryRange, EntryRecord, EventQuery, EventRecord, MetadataStore, NewEvent,
-    Procedure, ProcedureOutput, ReplayMark, ReverseEventQuery, SessionRecord, SignupTokenRecord,
-    SignupTokenRow, StoreError, StoreStats, TokenRedemption, UserRecord, WriteContext, WriteTx,
-    run_alone,
+    BlobState, EntryRange, EntryRecord, EventQuery, EventRecord, ListedEntry, MetadataStore,
+    NewEvent, Procedure, ProcedureOutput, ReplayMark, ReverseEventQuery, SessionRecord,
+    SignupTokenRecord, SignupTokenRow, StoreError, StoreStats, TokenRedemption, UserRecord,
+    WriteContext, WriteTx, run_alone,
 };
 
 /// Runs `operation` with a deadline.
@@ -145,6 +145,7 @@ impl_with_deadline! {
         fn write_context(user: &str, path: &str) -> WriteContext;
         fn entry(user: &str, path: &str) -> Option<EntryRecord>;
         fn entries(range: EntryRange<'_>) -> Vec<EntryRecord>;
+        fn listing(range: EntryRange<'_>) -> Vec<ListedEntry>;
         fn blob_referenced(blob_key: &str) -> bool;
         fn blob_state(blob_key: &str) -> BlobState;
         fn retired_blobs(retired_before: i64, limit: u32) -> Vec<String>;

@@ -98,6 +98,16 @@ pub struct EntryRecord {
     pub updated_at: i64,
 }
 
+/// An entry as a listing shows it (no value, nor where it is).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ListedEntry {
+    pub path: String,
+    pub size: u64,
+    pub content_hash: [u8; 32],
+    pub created_at: i64,
+    pub updated_at: i64,
+}
+
 /// What a store needs to know to decide a write before the body is read.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct WriteContext {
@@ -516,6 +526,11 @@ pub trait MetadataStore: Send + Sync + 'static {
 
     /// Entries within a range, at most `limit`.
     async fn entries(&self, range: EntryRange<'_>) -> Result<Vec<EntryRecord>, StoreError>;
+
+    /// What a listing shows of the entries within a range, at most `limit`: as
+    /// [`Self::entries`] without reading their values (a page of small values kept in
+    /// their rows would otherwise be read whole, up to `limit` x `inline_max_bytes`).
+    async fn listing(&self, range: EntryRange<'_>) -> Result<Vec<ListedEntry>, StoreError>;
 
     /// Whether any entry points at this blob.
     async fn blob_referenced(&self, blob_key: &str) -> Result<bool, StoreError>;

@@ -710,8 +710,8 @@ pub async fn verify_copy(from: &Stores, to: &Stores) -> Result<VerifySummary, Se
                         Some(_) => return Err(differ(format!("{key}{}", entry.path))),
                         None => return Err(differ(format!("{key}{} is missing", entry.path))),
                     }
-                    if let Some(key) = entry.stored.blob_key()
-                        && to.blobs.size_of(key).await? != Some(entry.size)
+                    if let Some(blob) = entry.stored.blob_key()
+                        && to.blobs.size_of(blob).await? != Some(entry.size)
                     {
                         return Err(differ(format!(
                             "the value of {key}{} is missing or cut short",

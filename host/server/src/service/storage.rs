@@ -525,7 +525,7 @@ impl StorageService {
         'fetch: while items.len() < want {
             let rows = self
                 .metadata
-                .entries(EntryRange {
+                .listing(EntryRange {
                     user: &user,
                     after: &after,
                     before: &before,

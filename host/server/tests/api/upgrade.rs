@@ -174,6 +174,32 @@ async fn each_release_database_migrates_and_reads_back() {
     }
 }
 
+/// A release's database read as it is, never migrated (what `restore` does with a
+/// backup that release made): every value's entry reads, in the release's schema.
+#[tokio::test]
+async fn each_release_database_reads_as_a_backup_would() {
+    for fixture in fixtures() {
+        let expected: Expected =
+            serde_json::from_slice(&std::fs::read(fixture.join("values.json")).unwrap()).unwrap();
+        let dir = tempfile::tempdir().unwrap();
+        std::fs::copy(fixture.join("hs.db"), dir.path().join("hs.db")).unwrap();
+        let file = homeserver::persistence::sql::SqliteFile::open(&dir.path().join("hs.db"))
+            .await
+            .unwrap();
+        let entries = file.entries_after(("", ""), 10_000).await.unwrap();
+        let values: usize = expected.users.iter().map(|u| u.values.len()).sum();
+        assert_eq!(entries.len(), values, "{}", fixture.display());
+        for (user, entry) in &entries {
+            assert!(
+                entry.stored.blob_key().is_some(),
+                "{user}{}: a release before inline values keeps every value in a blob",
+                entry.path
+            );
+        }
+        file.close().await;
+    }
+}
+
 /// A migration this binary does not know in `_sqlx_migrations`: the database was
 /// migrated by a newer homeserver, and this one refuses to start on it.
 #[tokio::test]

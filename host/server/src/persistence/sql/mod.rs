@@ -43,15 +43,15 @@ use tokio::sync::Notify;
 use super::BackendOptions;
 use super::DatabaseUrl;
 use super::metadata::{
-    BlobState, EntryRange, EntryRecord, EventQuery, EventRecord, MetadataStore, ReverseEventQuery,
-    SessionRecord, SignupTokenRecord, SignupTokenRow, StoreError, StoreStats, UserRecord,
-    WriteContext, WriteTx,
+    BlobState, EntryRange, EntryRecord, EventQuery, EventRecord, ListedEntry, MetadataStore,
+    ReverseEventQuery, SessionRecord, SignupTokenRecord, SignupTokenRow, StoreError, StoreStats,
+    UserRecord, WriteContext, WriteTx,
 };
 use dialect::Dialect;
 use rows::{
-    CHUNK, ENTRY_COLUMNS, EVENT_COLUMNS, Statement, USER_COLUMNS, USER_SELECT, decode_all,
-    entry_from_row, event_from_row, hash32, push_event_filters, stored_columns, to_i64, to_u64,
-    user_from_row,
+    CHUNK, ENTRY_COLUMNS, ENTRY_COLUMNS_BEFORE_INLINE, EVENT_COLUMNS, LISTED_COLUMNS, Statement,
+    USER_COLUMNS, USER_SELECT, decode_all, entry_from_row, event_from_row, hash32, listed_from_row,
+    push_event_filters, stored_columns, to_i64, to_u64, user_from_row,
 };
 use write_tx::SqlWriteTx;
 
@@ -68,6 +68,26 @@ pub struct SqlStore {
 }
 
 impl SqlStore {
+    /// The `columns` of one user's entries in `range`.
+    async fn entry_range(
+        &self,
+        columns: &str,
+        range: &EntryRange<'_>,
+    ) -> Result<Vec<sqlx::any::AnyRow>, StoreError> {
+        let order = if range.descending { "DESC" } else { "ASC" };
+        sqlx::query(&format!(
+            "SELECT {columns} FROM entries \
+             WHERE owner = $1 AND path > $2 AND path < $3 ORDER BY path {order} LIMIT $4"
+        ))
+        .bind(range.user)
+        .bind(range.after)
+        .bind(range.before)
+        .bind(i64::from(range.limit))
+        .fetch_all(&self.reader)
+        .await
+        .map_err(self.err())
+    }
+
     /// Connects to the database `url` names (creating a SQLite file if missing),
     /// refuses one a newer homeserver migrated, and migrates it.
     pub async fn open(url: &DatabaseUrl, options: &BackendOptions) -> Result<Self, StoreError> {
@@ -126,6 +146,9 @@ impl Drop for SqlStore {
 
 /// A SQLite database file read as it is (read-only, never migrated): a backup's
 /// snapshot.
+/// The SQLite migration that added `entries.inline_value`.
+const SQLITE_SCHEMA_INLINE_VALUES: i64 = 6;
+
 pub struct SqliteFile {
     pool: AnyPool,
 }
@@ -153,8 +176,13 @@ impl SqliteFile {
         limit: u32,
     ) -> Result<Vec<(String, EntryRecord)>, StoreError> {
         let err = |e| Dialect::Sqlite.map_err(e);
+        // A backup made before inline values (read as it is, never migrated).
+        let columns = match self.schema_version().await? {
+            v if v >= SQLITE_SCHEMA_INLINE_VALUES => ENTRY_COLUMNS,
+            _ => ENTRY_COLUMNS_BEFORE_INLINE,
+        };
         let found = sqlx::query(&format!(
-            "SELECT owner, {ENTRY_COLUMNS} FROM entries WHERE (owner, path) > ($1, $2) \
+            "SELECT owner, {columns} FROM entries WHERE (owner, path) > ($1, $2) \
              ORDER BY owner, path LIMIT $3"
         ))
         .bind(after.0)
@@ -250,19 +278,13 @@ impl MetadataStore for SqlStore {
     }
 
     async fn entries(&self, range: EntryRange<'_>) -> Result<Vec<EntryRecord>, StoreError> {
-        let order = if range.descending { "DESC" } else { "ASC" };
-        let found = sqlx::query(&format!(
-            "SELECT {ENTRY_COLUMNS} FROM entries \
-             WHERE owner = $1 AND path > $2 AND path < $3 ORDER BY path {order} LIMIT $4"
-        ))
-        .bind(range.user)
-        .bind(range.after)
-        .bind(range.before)
-        .bind(i64::from(range.limit))
-        .fetch_all(&self.reader)
-        .await
-        .map_err(self.err())?;
+        let found = self.entry_range(ENTRY_COLUMNS, &range).await?;
         decode_all(&found, entry_from_row).map_err(self.err())
+    }
+
+    async fn listing(&self, range: EntryRange<'_>) -> Result<Vec<ListedEntry>, StoreError> {
+        let found = self.entry_range(LISTED_COLUMNS, &range).await?;
+        decode_all(&found, listed_from_row).map_err(self.err())
     }
 
     async fn blob_referenced(&self, blob_key: &str) -> Result<bool, StoreError> {

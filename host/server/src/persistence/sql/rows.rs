@@ -10,7 +10,9 @@ use sqlx::any::{AnyArguments, AnyQueryResult, AnyRow};
 use sqlx::error::BoxDynError;
 use sqlx::{Any, Arguments, Encode, Executor, Row, Type};
 
-use super::super::metadata::{EntryRecord, EventRecord, Stored, UserCursor, UserRecord};
+use super::super::metadata::{
+    EntryRecord, EventRecord, ListedEntry, Stored, UserCursor, UserRecord,
+};
 
 /// The users table's columns, in the order [`copy_users`](super) inserts them.
 pub(super) const USER_COLUMNS: &str =
@@ -23,6 +25,12 @@ pub(super) const USER_SELECT: &str = "public_key, created_at, used_bytes, quota_
 /// (see [`stored_columns`]).
 pub(crate) const ENTRY_COLUMNS: &str =
     "path, blob_key, size, content_hash, created_at, updated_at, inline_value";
+/// What a listing reads: not the values.
+pub(super) const LISTED_COLUMNS: &str = "path, size, content_hash, created_at, updated_at";
+/// [`ENTRY_COLUMNS`] of a database from before inline values (schema 5 on SQLite: a
+/// backup made by 0.1.0, read as it is).
+pub(super) const ENTRY_COLUMNS_BEFORE_INLINE: &str =
+    "path, blob_key, size, content_hash, created_at, updated_at, NULL AS inline_value";
 pub(super) const EVENT_COLUMNS: &str = "cursor, owner, path, kind, content_hash, created_at";
 
 /// Rows a multi-row statement carries at most: SQLite allows 32766 bound values a
@@ -77,6 +85,16 @@ pub(crate) fn entry_from_row(row: &AnyRow) -> Result<EntryRecord, sqlx::Error> {
     Ok(EntryRecord {
         path: row.try_get("path")?,
         stored: stored_from_row(row)?,
+        size: to_u64(row.try_get("size")?),
+        content_hash: hash32(row.try_get("content_hash")?)?,
+        created_at: row.try_get("created_at")?,
+        updated_at: row.try_get("updated_at")?,
+    })
+}
+
+pub(super) fn listed_from_row(row: &AnyRow) -> Result<ListedEntry, sqlx::Error> {
+    Ok(ListedEntry {
+        path: row.try_get("path")?,
         size: to_u64(row.try_get("size")?),
         content_hash: hash32(row.try_get("content_hash")?)?,
         created_at: row.try_get("created_at")?,
