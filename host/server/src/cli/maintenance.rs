@@ -289,6 +289,13 @@ fn print_fsck(report: &maintenance::FsckReport) {
     for m in &report.missing_blobs {
         println!("MISSING VALUE  {}{} (blob {})", m.user, m.path, m.blob_key);
     }
+    for d in &report.damaged_values {
+        println!(
+            "DAMAGED VALUE  {}{} (kept in its row: its size or hash is not the entry's; \
+             --repair leaves it)",
+            d.user, d.path
+        );
+    }
     for key in &report.orphan_blobs {
         println!("ORPHAN VALUE   {key}");
     }

@@ -31,7 +31,8 @@ use tokio::runtime::Handle;
 
 use super::{ServiceError, now_secs};
 use crate::persistence::metadata::{
-    BlobState, EntryRange, EntryRecord, EventQuery, NewEntry, PutOutcome, ReplayMark, SignupOutcome,
+    BlobState, EntryRange, EntryRecord, EventQuery, NewEntry, PutOutcome, ReplayMark,
+    SignupOutcome, Stored,
 };
 use crate::persistence::{
     BlobError, BlobStore, MetadataStore, MetadataWrites, ValueWriter, read_value,
@@ -128,6 +129,15 @@ pub struct MissingBlob {
     pub blob_key: String,
 }
 
+/// An entry whose value, kept in its row, is not what the entry records (size or
+/// content hash): a damaged database. fsck reports it; `--repair` leaves it (the bytes
+/// are there, only an operator can tell which of them is right).
+#[derive(Debug, Clone, Serialize)]
+pub struct DamagedValue {
+    pub user: String,
+    pub path: String,
+}
+
 /// A user whose recorded usage is not the sum of their entries.
 #[derive(Debug, Clone, Serialize)]
 pub struct UsageMismatch {
@@ -148,6 +158,8 @@ pub struct FsckReport {
     /// before the sweep deletes them: expected, neither orphans nor missing.
     pub retired_blobs: u64,
     pub missing_blobs: Vec<MissingBlob>,
+    /// Values kept in their rows that do not match their entries.
+    pub damaged_values: Vec<DamagedValue>,
     /// Blobs no entry references and that are not retired (older than the minimum age).
     pub orphan_blobs: Vec<String>,
     pub usage_mismatches: Vec<UsageMismatch>,
@@ -165,6 +177,7 @@ pub struct Repairs {
 impl FsckReport {
     pub fn is_clean(&self) -> bool {
         self.missing_blobs.is_empty()
+            && self.damaged_values.is_empty()
             && self.orphan_blobs.is_empty()
             && self.usage_mismatches.is_empty()
     }
@@ -197,10 +210,21 @@ pub async fn fsck(
                     report.bytes += entry.size;
                     sum += entry.size;
                     progress.advance(entry.size);
-                    // An inline value is in the row itself: nothing to look for.
-                    let Some(key) = entry.stored.blob_key() else {
-                        report.inline_values += 1;
-                        continue;
+                    // An inline value is in the row itself: checked against its entry.
+                    let key = match &entry.stored {
+                        Stored::Blob(key) => key,
+                        Stored::Inline(bytes) => {
+                            report.inline_values += 1;
+                            if bytes.len() as u64 != entry.size
+                                || *blake3::hash(bytes).as_bytes() != entry.content_hash
+                            {
+                                report.damaged_values.push(DamagedValue {
+                                    user: user.public_key.clone(),
+                                    path: entry.path.clone(),
+                                });
+                            }
+                            continue;
+                        }
                     };
                     if blobs.size_of(key).await?.is_none() {
                         // Re-read: an overwrite may have moved it to a new blob meanwhile.

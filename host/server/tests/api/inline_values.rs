@@ -170,3 +170,43 @@ async fn zero_keeps_every_value_in_the_blob_store() {
         assert!(r.bytes().await.unwrap() == body, "{path}");
     }
 }
+
+/// A value kept in its row that is not what its entry records (a damaged database):
+/// fsck reports it, and a GET fails (500) instead of sending a body of another size.
+#[tokio::test]
+async fn a_damaged_inline_value_is_reported_and_never_served() {
+    let host = TestHost::start().await;
+    let alice = host.user().await;
+    let user = alice.public_key().to_z32();
+    let _: PutResult = expect_ok_json(host.put(&alice, "/pub/fine", b"fine").await).await;
+    let damaged = value(77, 9);
+    let _: PutResult = expect_ok_json(host.put(&alice, "/pub/damaged", &damaged).await).await;
+    let ctx = host.server().context();
+    // One byte cut off the value, behind the server's back (substr works on BLOB and
+    // BYTEA alike; 77 bytes picks the row).
+    crate::backend::execute_with_i64(
+        &ctx.config.storage.database_url,
+        "UPDATE entries SET inline_value = substr(inline_value, 2) WHERE size = ?",
+        77,
+    )
+    .await;
+    let report = homeserver::service::maintenance::fsck(
+        ctx.stores(),
+        false,
+        ctx.config.orphan_min_age(),
+        &homeserver::service::maintenance::Quiet,
+    )
+    .await
+    .unwrap();
+    assert_eq!(report.inline_values, 2, "{report:?}");
+    let damaged_paths: Vec<_> = report
+        .damaged_values
+        .iter()
+        .map(|d| (d.user.as_str(), d.path.as_str()))
+        .collect();
+    assert_eq!(damaged_paths, [(user.as_str(), "/pub/damaged")]);
+    assert!(!report.is_clean());
+    assert_eq!(host.get(&alice, "/pub/damaged").await.status(), 500);
+    let r = host.get(&alice, "/pub/fine").await;
+    assert_eq!(r.bytes().await.unwrap(), "fine");
+}
