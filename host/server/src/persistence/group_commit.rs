@@ -251,24 +251,6 @@ impl WriteTx for EventsLast {
     async fn put_entry(&mut self, user: &str, entry: &EntryRecord) -> Result<(), StoreError> {
         self.inner.put_entry(user, entry).await
     }
-    async fn lock_user_and_entry(
-        &mut self,
-        user: &str,
-        path: &str,
-    ) -> Result<Option<(UserRecord, Option<EntryRecord>)>, StoreError> {
-        self.inner.lock_user_and_entry(user, path).await
-    }
-    async fn store_entry(
-        &mut self,
-        user: &str,
-        entry: &EntryRecord,
-        used_bytes: u64,
-        retire: Option<&str>,
-    ) -> Result<(), StoreError> {
-        self.inner
-            .store_entry(user, entry, used_bytes, retire)
-            .await
-    }
     async fn remove_entry(
         &mut self,
         user: &str,

@@ -454,38 +454,6 @@ pub trait WriteTx: Send {
     /// Inserts or replaces an entry.
     async fn put_entry(&mut self, user: &str, entry: &EntryRecord) -> Result<(), StoreError>;
 
-    /// [`Self::lock_user`] and [`Self::entry`] at once: the user's row, locked, with
-    /// their entry at `path` if any. A backend answers it in one statement (a round
-    /// trip, or a hop to SQLite's thread, less for every PUT).
-    async fn lock_user_and_entry(
-        &mut self,
-        user: &str,
-        path: &str,
-    ) -> Result<Option<(UserRecord, Option<EntryRecord>)>, StoreError> {
-        let Some(record) = self.lock_user(user).await? else {
-            return Ok(None);
-        };
-        Ok(Some((record, self.entry(user, path).await?)))
-    }
-
-    /// [`Self::put_entry`], [`Self::set_usage`] (`used_bytes`, last activity at the
-    /// entry's `updated_at`) and [`Self::retire_blobs`] of `retire` at once: what a PUT
-    /// writes besides its event. A backend writes it in one call.
-    async fn store_entry(
-        &mut self,
-        user: &str,
-        entry: &EntryRecord,
-        used_bytes: u64,
-        retire: Option<&str>,
-    ) -> Result<(), StoreError> {
-        self.put_entry(user, entry).await?;
-        self.set_usage(user, used_bytes, entry.updated_at).await?;
-        if let Some(key) = retire {
-            self.retire_blobs(&[key], entry.updated_at).await?;
-        }
-        Ok(())
-    }
-
     /// Removes an entry, returning what it was.
     async fn remove_entry(
         &mut self,

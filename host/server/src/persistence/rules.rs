@@ -56,21 +56,20 @@ pub async fn put(
     if !spend(tx, replay).await? {
         return Ok(PutOutcome::Replayed);
     }
-    let Some((user, old)) = tx.lock_user_and_entry(entry.user, entry.path).await? else {
+    let Some(user) = tx.lock_user(entry.user).await? else {
         return Ok(PutOutcome::UnknownUser);
     };
     if user.disabled {
         return Ok(PutOutcome::Disabled);
     }
+    let old = tx.entry(entry.user, entry.path).await?;
     let old_size = old.as_ref().map_or(0, |o| o.size);
     let used_after = match check_quota(&user, entry.default_quota, old_size, entry.size) {
         Ok(used) => used,
         Err(exceeded) => return Ok(PutOutcome::QuotaExceeded(exceeded)),
     };
     let created_at = old.as_ref().map_or(entry.now, |o| o.created_at);
-    // The replaced blob, if any, is retired with the write.
-    let replaced = old.as_ref().and_then(|o| o.stored.blob_key());
-    tx.store_entry(
+    tx.put_entry(
         entry.user,
         &EntryRecord {
             path: entry.path.to_owned(),
@@ -80,10 +79,12 @@ pub async fn put(
             created_at,
             updated_at: entry.now,
         },
-        used_after,
-        replaced,
     )
     .await?;
+    tx.set_usage(entry.user, used_after, entry.now).await?;
+    if let Some(key) = old.as_ref().and_then(|o| o.stored.blob_key()) {
+        tx.retire_blobs(&[key], entry.now).await?;
+    }
     tx.append_events(&[NewEvent {
         user: entry.user,
         path: entry.path,

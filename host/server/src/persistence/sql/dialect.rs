@@ -169,42 +169,6 @@ impl Dialect {
         }
     }
 
-    /// What locks the user's row of `rows::USER_AND_ENTRY` (the entry is the outer
-    /// join's nullable side, which PostgreSQL cannot lock).
-    pub fn lock_user_row(self) -> &'static str {
-        match self {
-            Self::Sqlite => "",
-            Self::Postgres => " FOR UPDATE OF u",
-        }
-    }
-
-    /// The statement of `WriteTx::store_entry`: the entry upserted (`$1`..`$8`: owner,
-    /// path, blob key, size, content hash, created, updated, inline value), the user's
-    /// usage (`$9`; last activity `$7`) and, with `retire`, the replaced blob retired
-    /// (`$10`, at `$7`), in one call: SQLite runs the statements one after the other on
-    /// its thread, PostgreSQL runs the writes as one statement (data-modifying CTEs).
-    pub fn store_entry_sql(self, retire: bool) -> String {
-        const ENTRY: &str = "INSERT INTO entries \
-             (owner, path, blob_key, size, content_hash, created_at, updated_at, inline_value) \
-             VALUES ($1, $2, $3, $4, $5, $6, $7, $8) \
-             ON CONFLICT (owner, path) DO UPDATE SET blob_key = excluded.blob_key, \
-             size = excluded.size, content_hash = excluded.content_hash, \
-             created_at = excluded.created_at, updated_at = excluded.updated_at, \
-             inline_value = excluded.inline_value";
-        const USAGE: &str =
-            "UPDATE users SET used_bytes = $9, last_activity = $7 WHERE public_key = $1";
-        const RETIRE: &str = "INSERT INTO retired_blobs (blob_key, retired_at) VALUES ($10, $7) \
-             ON CONFLICT (blob_key) DO NOTHING";
-        match (self, retire) {
-            (Self::Sqlite, false) => format!("{ENTRY}; {USAGE}"),
-            (Self::Sqlite, true) => format!("{ENTRY}; {USAGE}; {RETIRE}"),
-            (Self::Postgres, false) => format!("WITH stored AS ({ENTRY}) {USAGE}"),
-            (Self::Postgres, true) => {
-                format!("WITH stored AS ({ENTRY}), retired AS ({RETIRE}) {USAGE}")
-            }
-        }
-    }
-
     /// The statement a transaction runs before it inserts events, so that cursors are
     /// drawn in commit order (PostgreSQL: an advisory lock held until the commit;
     /// SQLite's single writer serializes them already).

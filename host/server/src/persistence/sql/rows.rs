@@ -71,81 +71,25 @@ pub(super) fn stored_columns(stored: &Stored) -> (&str, Option<&[u8]>) {
     }
 }
 
-/// The names an entry's columns have in a row: as [`ENTRY_COLUMNS`] selects them, or as
-/// [`USER_AND_ENTRY`] does beside a user's (`e_` before each).
-struct EntryNames {
-    path: &'static str,
-    blob_key: &'static str,
-    size: &'static str,
-    content_hash: &'static str,
-    created_at: &'static str,
-    updated_at: &'static str,
-    inline_value: &'static str,
-}
-
-const PLAIN: EntryNames = EntryNames {
-    path: "path",
-    blob_key: "blob_key",
-    size: "size",
-    content_hash: "content_hash",
-    created_at: "created_at",
-    updated_at: "updated_at",
-    inline_value: "inline_value",
-};
-
-const JOINED: EntryNames = EntryNames {
-    path: "e_path",
-    blob_key: "e_blob_key",
-    size: "e_size",
-    content_hash: "e_content_hash",
-    created_at: "e_created_at",
-    updated_at: "e_updated_at",
-    inline_value: "e_inline_value",
-};
-
-/// A user's row with their entry at a path (`$1` the user, `$2` the path), for
-/// [`user_and_entry_from_row`]; the lock of `Dialect::lock_user_row` goes after it.
-pub(super) const USER_AND_ENTRY: &str = "SELECT u.public_key, u.created_at, u.used_bytes, \
-     u.quota_bytes, CASE WHEN u.disabled THEN 1 ELSE 0 END AS disabled, u.last_activity, \
-     e.path AS e_path, e.blob_key AS e_blob_key, e.size AS e_size, \
-     e.content_hash AS e_content_hash, e.created_at AS e_created_at, \
-     e.updated_at AS e_updated_at, e.inline_value AS e_inline_value \
-     FROM users u LEFT JOIN entries e ON e.owner = u.public_key AND e.path = $2 \
-     WHERE u.public_key = $1";
-
-fn entry_named(row: &AnyRow, names: &EntryNames) -> Result<EntryRecord, sqlx::Error> {
-    let blob_key: String = row.try_get(names.blob_key)?;
-    let stored = if blob_key.is_empty() {
-        // A zero-length BLOB may read back as NULL.
-        let bytes: Option<Vec<u8>> = row.try_get(names.inline_value)?;
-        Stored::Inline(bytes.unwrap_or_default().into())
-    } else {
-        Stored::Blob(blob_key)
-    };
-    Ok(EntryRecord {
-        path: row.try_get(names.path)?,
-        stored,
-        size: to_u64(row.try_get(names.size)?),
-        content_hash: hash32(row.try_get(names.content_hash)?)?,
-        created_at: row.try_get(names.created_at)?,
-        updated_at: row.try_get(names.updated_at)?,
-    })
+fn stored_from_row(row: &AnyRow) -> Result<Stored, sqlx::Error> {
+    let blob_key: String = row.try_get("blob_key")?;
+    if !blob_key.is_empty() {
+        return Ok(Stored::Blob(blob_key));
+    }
+    // A zero-length BLOB may read back as NULL.
+    let bytes: Option<Vec<u8>> = row.try_get("inline_value")?;
+    Ok(Stored::Inline(bytes.unwrap_or_default().into()))
 }
 
 pub(crate) fn entry_from_row(row: &AnyRow) -> Result<EntryRecord, sqlx::Error> {
-    entry_named(row, &PLAIN)
-}
-
-/// A row of [`USER_AND_ENTRY`]: the user, and the entry when there is one.
-pub(super) fn user_and_entry_from_row(
-    row: &AnyRow,
-) -> Result<(UserRecord, Option<EntryRecord>), sqlx::Error> {
-    let user = user_from_row(row)?;
-    let entry = match row.try_get::<Option<String>, _>(JOINED.path)? {
-        Some(_) => Some(entry_named(row, &JOINED)?),
-        None => None,
-    };
-    Ok((user, entry))
+    Ok(EntryRecord {
+        path: row.try_get("path")?,
+        stored: stored_from_row(row)?,
+        size: to_u64(row.try_get("size")?),
+        content_hash: hash32(row.try_get("content_hash")?)?,
+        created_at: row.try_get("created_at")?,
+        updated_at: row.try_get("updated_at")?,
+    })
 }
 
 pub(super) fn listed_from_row(row: &AnyRow) -> Result<ListedEntry, sqlx::Error> {

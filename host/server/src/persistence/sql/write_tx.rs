@@ -6,8 +6,8 @@ use sqlx::{Any, Transaction};
 
 use super::dialect::{Dialect, EVENTS_CHANNEL};
 use super::rows::{
-    self, CHUNK, ENTRY_COLUMNS, Statement, USER_AND_ENTRY, decode_all, entry_from_row,
-    stored_columns, to_i64, to_u64, user_and_entry_from_row,
+    self, CHUNK, ENTRY_COLUMNS, Statement, decode_all, entry_from_row, stored_columns, to_i64,
+    to_u64,
 };
 use crate::persistence::metadata::{
     EntryRecord, NewEvent, ReplayMark, SessionRecord, StoreError, TokenRedemption, UserRecord,
@@ -135,50 +135,6 @@ impl WriteTx for SqlWriteTx {
         rows::entry(&mut *self.tx, user, path)
             .await
             .map_err(self.err())
-    }
-
-    async fn lock_user_and_entry(
-        &mut self,
-        user: &str,
-        path: &str,
-    ) -> Result<Option<(UserRecord, Option<EntryRecord>)>, StoreError> {
-        let sql = format!("{USER_AND_ENTRY}{}", self.dialect.lock_user_row());
-        let row = sqlx::query(&sql)
-            .bind(user)
-            .bind(path)
-            .fetch_optional(&mut *self.tx)
-            .await
-            .map_err(self.err())?;
-        row.as_ref()
-            .map(user_and_entry_from_row)
-            .transpose()
-            .map_err(self.err())
-    }
-
-    async fn store_entry(
-        &mut self,
-        user: &str,
-        entry: &EntryRecord,
-        used_bytes: u64,
-        retire: Option<&str>,
-    ) -> Result<(), StoreError> {
-        let (blob_key, inline_value) = stored_columns(&entry.stored);
-        let sql = self.dialect.store_entry_sql(retire.is_some());
-        let mut query = sqlx::query(&sql)
-            .bind(user)
-            .bind(&entry.path)
-            .bind(blob_key)
-            .bind(to_i64(entry.size))
-            .bind(&entry.content_hash[..])
-            .bind(entry.created_at)
-            .bind(entry.updated_at)
-            .bind(inline_value)
-            .bind(to_i64(used_bytes));
-        if let Some(key) = retire {
-            query = query.bind(key);
-        }
-        query.execute(&mut *self.tx).await.map_err(self.err())?;
-        Ok(())
     }
 
     async fn put_entry(&mut self, user: &str, entry: &EntryRecord) -> Result<(), StoreError> {
