@@ -15,9 +15,9 @@
 //! Versions: a component is checked against the current world (WIT 0.2.0) first, then
 //! against the frozen 0.1.0 one; either way callers see the same plain types (this
 //! module maps them). A 0.1.0 policy has no public caller: public reads are allowed
-//! without asking it. A 0.2.0 policy's answers to public reads are cached per module
-//! (the WIT requires `authorize` to depend on its request and config only), so a hot
-//! public GET costs a cache lookup, not a guest call.
+//! without asking it. A 0.2.0 policy's answers to reads (public, session and owner
+//! callers alike) are cached per module (the WIT requires `authorize` to depend on its
+//! request and config only), so a hot GET costs a cache lookup, not a guest call.
 
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
@@ -41,23 +41,28 @@ use crate::types::{
     WIT_VERSIONS,
 };
 
-/// Public decisions kept per loaded module, by their bytes (paths up to 1 KiB and the
-/// guest's reasons, which the public chooses and the guest writes): at most 16 MiB.
-const PUBLIC_DECISIONS_BYTES: u64 = 16 << 20;
+/// Read decisions kept per loaded module, by their bytes (paths up to 1 KiB, a
+/// session's capabilities and the guest's reasons, which callers choose and the guest
+/// writes): at most 16 MiB.
+const READ_DECISIONS_BYTES: u64 = 16 << 20;
 /// The number of them the cache is sized for (short paths).
-const PUBLIC_DECISIONS_EXPECTED: usize = 50_000;
+const READ_DECISIONS_EXPECTED: usize = 50_000;
 
-/// Weighs a cached public decision by what it holds.
+/// Weighs a cached read decision by what it holds.
 #[derive(Debug, Clone, Copy)]
 pub(crate) struct DecisionBytes;
 
-impl quick_cache::Weighter<PublicQuestion, Decision> for DecisionBytes {
-    fn weight(&self, key: &PublicQuestion, value: &Decision) -> u64 {
-        (key.user.len() + key.path.len() + value.reason.len() + 64) as u64
+impl quick_cache::Weighter<ReadQuestion, Decision> for DecisionBytes {
+    fn weight(&self, key: &ReadQuestion, value: &Decision) -> u64 {
+        let capabilities: usize = match &key.caller {
+            Caller::Session { capabilities } => capabilities.iter().map(|c| c.len() + 24).sum(),
+            Caller::Public | Caller::Owner => 0,
+        };
+        (key.user.len() + key.path.len() + capabilities + value.reason.len() + 64) as u64
     }
 }
 
-type PublicDecisions = quick_cache::sync::Cache<PublicQuestion, Decision, DecisionBytes>;
+type ReadDecisions = quick_cache::sync::Cache<ReadQuestion, Decision, DecisionBytes>;
 
 /// Numbers the modules as they are loaded (from 1), so an answer remembered outside
 /// the module can say which module gave it.
@@ -67,10 +72,10 @@ fn next_generation() -> u64 {
     GENERATIONS.fetch_add(1, Ordering::Relaxed)
 }
 
-fn public_decisions() -> PublicDecisions {
+fn read_decisions() -> ReadDecisions {
     quick_cache::sync::Cache::with_weighter(
-        PUBLIC_DECISIONS_EXPECTED,
-        PUBLIC_DECISIONS_BYTES,
+        READ_DECISIONS_EXPECTED,
+        READ_DECISIONS_BYTES,
         DecisionBytes,
     )
 }
@@ -160,37 +165,42 @@ impl Pre {
     }
 }
 
-/// The key of a cached public decision.
+/// The key of a cached read decision: everything of a read request the guest sees.
 #[derive(Debug, Clone, PartialEq, Eq, Hash, PartialOrd, Ord)]
-pub(crate) struct PublicQuestion {
+pub(crate) struct ReadQuestion {
+    caller: Caller,
     user: String,
     path: String,
     method: Method,
     listing: bool,
 }
 
-/// [`PublicQuestion`] borrowed from a request (a lookup allocates nothing). Its derived
+/// [`ReadQuestion`] borrowed from a request (a lookup allocates nothing). Its derived
 /// `Hash` hashes the same values in the same order as the owned key's.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
-struct PublicQuestionRef<'a> {
+struct ReadQuestionRef<'a> {
+    caller: &'a Caller,
     user: &'a str,
     path: &'a str,
     method: Method,
     listing: bool,
 }
 
-impl quick_cache::Equivalent<PublicQuestion> for PublicQuestionRef<'_> {
-    fn equivalent(&self, key: &PublicQuestion) -> bool {
-        self.user == key.user
+impl quick_cache::Equivalent<ReadQuestion> for ReadQuestionRef<'_> {
+    fn equivalent(&self, key: &ReadQuestion) -> bool {
+        *self.caller == key.caller
+            && self.user == key.user
             && self.path == key.path
             && self.method == key.method
             && self.listing == key.listing
     }
 }
 
-impl<'a> PublicQuestionRef<'a> {
+impl<'a> ReadQuestionRef<'a> {
+    /// The question a read asks (a write's answer may depend on its size: not cached).
     fn of(req: &'a AuthorizeRequest) -> Option<Self> {
-        (req.caller == Caller::Public && req.operation == Operation::Read).then(|| Self {
+        (req.operation == Operation::Read).then(|| Self {
+            caller: &req.caller,
             user: &req.user,
             path: &req.path,
             method: req.method(),
@@ -198,8 +208,9 @@ impl<'a> PublicQuestionRef<'a> {
         })
     }
 
-    fn owned(self) -> PublicQuestion {
-        PublicQuestion {
+    fn owned(self) -> ReadQuestion {
+        ReadQuestion {
+            caller: self.caller.clone(),
             user: self.user.to_owned(),
             path: self.path.to_owned(),
             method: self.method,
@@ -222,8 +233,8 @@ pub(crate) struct LoadedModule {
     config: Arc<SlotConfig>,
     pool: PoolOptions,
     idle: Mutex<Vec<Warm>>,
-    /// Answers to public reads (0.2.0 policies only); they go with the module.
-    pub(crate) public_decisions: PublicDecisions,
+    /// Answers to reads (0.2.0 policies only); they go with the module.
+    pub(crate) read_decisions: ReadDecisions,
     /// This module's number, unique in the process: answers given by one module stay
     /// right as long as it is the one loaded.
     pub(crate) generation: u64,
@@ -264,7 +275,7 @@ impl LoadedModule {
             config: Arc::new(config),
             pool,
             idle: Mutex::new(Vec::new()),
-            public_decisions: public_decisions(),
+            read_decisions: read_decisions(),
             generation: next_generation(),
             recording: false,
             last_use: Mutex::new(None),
@@ -281,7 +292,7 @@ impl LoadedModule {
             config: Arc::new(config),
             pool: self.pool,
             idle: Mutex::new(Vec::new()),
-            public_decisions: public_decisions(),
+            read_decisions: read_decisions(),
             generation: next_generation(),
             recording: self.recording,
             last_use: Mutex::new(None),
@@ -316,14 +327,18 @@ impl LoadedModule {
     /// 0.1.0 policy (allowed: that contract had no public caller, and public data was
     /// readable by anyone), or one answered before. `None`: call [`Self::authorize`].
     pub(crate) fn known_decision(&self, req: &AuthorizeRequest) -> Option<Decision> {
-        let question = PublicQuestionRef::of(req)?;
+        let question = ReadQuestionRef::of(req)?;
         if !self.pre.knows_public() {
+            if req.caller != Caller::Public {
+                // 0.1.0 made no promise that `authorize` is a function of its request.
+                return None;
+            }
             return Some(Decision {
                 allow: true,
                 reason: "public read (a 0.1.0 policy is not asked about public reads)".into(),
             });
         }
-        self.public_decisions.get(&question)
+        self.read_decisions.get(&question)
     }
 
     /// Runs `call` on a warm or fresh instance and records it in `stats`.
@@ -410,12 +425,13 @@ impl LoadedModule {
         }
     }
 
-    /// The key under which the answer to `req` is cached: a public read asked of a
-    /// policy that knows the public caller.
-    pub(crate) fn public_question(&self, req: &AuthorizeRequest) -> Option<PublicQuestion> {
-        PublicQuestionRef::of(req)
+    /// The key under which the answer to `req` is cached: a read asked of a policy of
+    /// the 0.2.0 contract (which requires its answers to depend on the request and
+    /// config only).
+    pub(crate) fn read_question(&self, req: &AuthorizeRequest) -> Option<ReadQuestion> {
+        ReadQuestionRef::of(req)
             .filter(|_| self.pre.knows_public())
-            .map(PublicQuestionRef::owned)
+            .map(ReadQuestionRef::owned)
     }
 
     /// Decides `req`, blocking the thread: from the cache when it can, else by calling
@@ -430,8 +446,8 @@ impl LoadedModule {
         }
         let decision =
             futures_executor::block_on(self.authorize_uncached(stats, req, CallMode::Blocking))?;
-        if let Some(question) = self.public_question(req) {
-            self.public_decisions.insert(question, decision.clone());
+        if let Some(question) = self.read_question(req) {
+            self.read_decisions.insert(question, decision.clone());
         }
         Ok(decision)
     }

@@ -19,7 +19,7 @@ use serde::Serialize;
 
 use crate::cache::ModuleCache;
 use crate::error::{GuestFailure, RuntimeError, TrapKind};
-use crate::module::{LoadedModule, PoolOptions, PublicQuestion};
+use crate::module::{LoadedModule, PoolOptions, ReadQuestion};
 use crate::policies::{ModuleSource, Policies};
 use crate::sandbox::{CallMode, Sandbox, SandboxLimits};
 use crate::stats::{SlotStats, StatsCell};
@@ -449,17 +449,17 @@ impl PolicyRuntime {
         }
         let mut placeholders = Vec::new();
         if let Some(module) = &module {
-            let mut open: BTreeMap<PublicQuestion, Vec<usize>> = BTreeMap::new();
+            let mut open: BTreeMap<ReadQuestion, Vec<usize>> = BTreeMap::new();
             for (i, req) in requests.iter().enumerate() {
                 if answers[i].is_none()
-                    && let Some(question) = module.public_question(req)
+                    && let Some(question) = module.read_question(req)
                 {
                     open.entry(question).or_default().push(i);
                 }
             }
             for (question, asked_by) in open {
                 match module
-                    .public_decisions
+                    .read_decisions
                     .get_value_or_guard_async(&question)
                     .await
                 {

@@ -102,7 +102,7 @@ pub enum Method {
 }
 
 /// Who asks.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(Debug, Clone, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize, Deserialize)]
 #[serde(rename_all = "lowercase")]
 pub enum Caller {
     /// Anyone, reading without credentials for the space (WIT 0.2.0; a 0.1.0 policy is

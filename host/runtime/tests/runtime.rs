@@ -241,6 +241,42 @@ fn the_policy_decides_public_reads() {
     assert!(!runtime.authorize(&public("/pub/open/x")).unwrap().allow);
 }
 
+/// A session's and an owner's reads are cached like the public's (the 0.2.0 contract
+/// makes `authorize` a function of its request and config): the same read with the
+/// same capabilities is asked once; other capabilities, another caller, and writes
+/// (whose answer may depend on their size) are asked.
+#[test]
+fn reads_of_every_caller_are_cached_and_writes_are_asked() {
+    let dir = policies_dir();
+    let runtime = PolicyRuntime::load(config(dir.path())).unwrap();
+    let calls = || runtime.stats()[0].calls;
+    let before = calls();
+    let reader = session(&["read:/pub/a/"], Operation::Read, "/pub/a/x");
+    let writer = session(&["*:/pub/a/"], Operation::Read, "/pub/a/x");
+    let outside = session(&["read:/pub/a/"], Operation::Read, "/pub/b/x");
+    for _ in 0..5 {
+        assert!(runtime.authorize(&reader).unwrap().allow);
+        assert!(runtime.authorize(&writer).unwrap().allow);
+        assert!(!runtime.authorize(&outside).unwrap().allow);
+        assert!(
+            runtime
+                .authorize(&owner(Operation::Read, "/pub/a/x"))
+                .unwrap()
+                .allow
+        );
+    }
+    assert_eq!(calls(), before + 4, "four questions, each asked once");
+    for _ in 0..3 {
+        assert!(
+            runtime
+                .authorize(&session(&["*:/pub/a/"], Operation::Write, "/pub/a/x"))
+                .unwrap()
+                .allow
+        );
+    }
+    assert_eq!(calls(), before + 7, "writes are asked every time");
+}
+
 /// Many askers of the same new public question at once (a new path's event reaching
 /// every subscriber of a stream) cost one guest call, not one each.
 #[test]
@@ -379,11 +415,14 @@ fn hostile_guests_fail_closed() {
         matches!(memory, GuestFailure::MemoryLimit { .. }),
         "{memory}"
     );
-    for (trigger, kind) in [
+    for (n, (trigger, kind)) in [
         ("panic", TrapKind::Panic),
         ("stack", TrapKind::Other),
         ("exit", TrapKind::Exit),
-    ] {
+    ]
+    .into_iter()
+    .enumerate()
+    {
         let failure = runtime
             .authorize(&owner(Operation::Read, &format!("/pub/{trigger}")))
             .unwrap_err();
@@ -391,9 +430,10 @@ fn hostile_guests_fail_closed() {
             matches!(failure, GuestFailure::Trap { kind: k, .. } if k == kind),
             "{trigger}: {failure} ({failure:?})"
         );
+        // A fresh instance answers next (another path each time: reads are cached).
         assert!(
             runtime
-                .authorize(&owner(Operation::Read, "/pub/ok"))
+                .authorize(&owner(Operation::Read, &format!("/pub/ok{n}")))
                 .unwrap()
                 .allow
         );
@@ -688,9 +728,10 @@ fn instances_are_reused_and_retired() {
         ..config(dir.path())
     })
     .unwrap();
-    for _ in 0..20 {
+    // Another path each time: the same read would be answered from the cache.
+    for i in 0..20 {
         runtime
-            .authorize(&owner(Operation::Read, "/pub/x"))
+            .authorize(&owner(Operation::Read, &format!("/pub/x{i}")))
             .unwrap();
     }
     // The test call's instance served 4 more calls, then one fresh instance per 5 calls.
