@@ -54,7 +54,7 @@ pub(crate) struct DecisionBytes;
 
 impl quick_cache::Weighter<ReadQuestion, Decision> for DecisionBytes {
     fn weight(&self, key: &ReadQuestion, value: &Decision) -> u64 {
-        let capabilities: usize = match &key.caller {
+        let capabilities: usize = match key.caller.as_ref() {
             Caller::Session { capabilities } => capabilities.iter().map(|c| c.len() + 24).sum(),
             Caller::Public | Caller::Owner => 0,
         };
@@ -168,7 +168,9 @@ impl Pre {
 /// The key of a cached read decision: everything of a read request the guest sees.
 #[derive(Debug, Clone, PartialEq, Eq, Hash, PartialOrd, Ord)]
 pub(crate) struct ReadQuestion {
-    caller: Caller,
+    /// Boxed: the cache's table is sized for its expected entries up front, and most
+    /// callers are the public (a key inline would cost ~2 MiB more per module).
+    caller: Box<Caller>,
     user: String,
     path: String,
     method: Method,
@@ -188,7 +190,7 @@ struct ReadQuestionRef<'a> {
 
 impl quick_cache::Equivalent<ReadQuestion> for ReadQuestionRef<'_> {
     fn equivalent(&self, key: &ReadQuestion) -> bool {
-        *self.caller == key.caller
+        *self.caller == *key.caller
             && self.user == key.user
             && self.path == key.path
             && self.method == key.method
@@ -210,7 +212,7 @@ impl<'a> ReadQuestionRef<'a> {
 
     fn owned(self) -> ReadQuestion {
         ReadQuestion {
-            caller: self.caller.clone(),
+            caller: Box::new(self.caller.clone()),
             user: self.user.to_owned(),
             path: self.path.to_owned(),
             method: self.method,

@@ -19,6 +19,13 @@ use crate::persistence::metadata::{EntryRecord, Stored};
 /// small value is then served from here, with no read at all).
 const CAPACITY_BYTES: u64 = 64 * 1024 * 1024;
 
+/// The entries the cache's table is sized for: an entry of a value in the blob store
+/// weighs ~250 bytes, one with a small value more; sizing the table for 250-byte
+/// entries would hold ~4 MiB of it from the start for a cache that is mostly empty.
+fn expected_entries(bytes: u64) -> usize {
+    usize::try_from(bytes / 640).unwrap_or(usize::MAX).max(1)
+}
+
 /// An entry's weight: its key, its record and an inline value's bytes.
 #[derive(Clone)]
 struct EntryWeighter;
@@ -64,11 +71,7 @@ impl EntryCache {
     /// A cache of at most `bytes` (by [`EntryWeighter`]'s measure).
     pub fn new(bytes: u64) -> Self {
         Self {
-            entries: Cache::with_weighter(
-                (bytes / 256).max(1) as usize,
-                bytes.max(1),
-                EntryWeighter,
-            ),
+            entries: Cache::with_weighter(expected_entries(bytes), bytes.max(1), EntryWeighter),
             epoch: AtomicU64::new(0),
             enabled: true,
         }
