@@ -356,6 +356,18 @@ async fn migrate_copies_a_deployment_and_resumes_after_a_kill() {
             );
         }
         assert_eq!(source.delete(key, "/pub/v/0").await.status(), 200);
+        // Small values, kept in their rows: they travel with their entries (the blob
+        // counts below are the 20 KB values').
+        for i in 0..3 {
+            let body = format!("small value {i} of user {u}");
+            assert_eq!(
+                source
+                    .put(key, &format!("/pub/small/{i}"), body.as_bytes())
+                    .await
+                    .status(),
+                200
+            );
+        }
     }
     // A user's pkarr record, which the server republishes: it moves with the user.
     let server_key = source.server().context().server_key.public_key();
