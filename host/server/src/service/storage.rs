@@ -2,8 +2,9 @@
 //!
 //! The write path: every check that needs no body first (credentials' shape and age, the
 //! signature itself when the body's digest was declared, registration, declared size,
-//! quota), then the body streams into a new blob while it is hashed (SHA-256 for the
-//! signature, BLAKE3 for the content hash) and counted (a signed body without a declared
+//! quota), then the body streams into its value (kept in memory for the entry's row up
+//! to `storage.inline_max_bytes`, a new blob past it: `persistence::values`) while it
+//! is hashed (SHA-256 for the signature, BLAKE3 for the content hash) and counted (a signed body without a declared
 //! digest is held in memory until its signature is checked, never written before), then
 //! one metadata transaction commits entry, usage, replay mark and event. The replaced
 //! blob is retired by that same transaction and deleted by the sweep once the grace
