@@ -4,11 +4,12 @@
 //! signature itself when the body's digest was declared, registration, declared size,
 //! quota), then the body streams into its value (kept in memory for the entry's row up
 //! to `storage.inline_max_bytes`, a new blob past it: `persistence::values`) while it
-//! is hashed (SHA-256 for the signature, BLAKE3 for the content hash) and counted (a signed body without a declared
-//! digest is held in memory until its signature is checked, never written before), then
-//! one metadata transaction commits entry, usage, replay mark and event. The replaced
-//! blob is retired by that same transaction and deleted by the sweep once the grace
-//! period has passed (`persistence::blobs`): a backup or a reader may still need it.
+//! is hashed (SHA-256 for the signature, BLAKE3 for the content hash) and counted (a
+//! signed body without a declared digest is held in memory until its signature is
+//! checked, never written before), then one metadata transaction commits entry (with a
+//! small value), usage, replay mark and event. A replaced blob is retired by that same
+//! transaction and deleted by the sweep once the grace period has passed
+//! (`persistence::blobs`): a backup or a reader may still need it.
 
 use std::sync::Arc;
 
