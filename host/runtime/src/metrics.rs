@@ -21,7 +21,7 @@ pub struct GuestCollector {
 
 /// Each series: its name after `{prefix}_guest_`, help, labels and kind. `collect`
 /// returns their families in this order.
-const SERIES: [(&str, &str, &[&str], MetricType); 7] = [
+const SERIES: [(&str, &str, &[&str], MetricType); 8] = [
     (
         "calls_total",
         "Calls into a Wasm guest, by slot.",
@@ -51,6 +51,13 @@ const SERIES: [(&str, &str, &[&str], MetricType); 7] = [
         "The most linear memory an instance of the slot's guest was given, in bytes.",
         &["slot"],
         MetricType::GAUGE,
+    ),
+    (
+        "cancelled_total",
+        "Calls of the slot's guest whose caller stopped waiting before they ended (a \
+         client gone); they are in calls_total too.",
+        &["slot"],
+        MetricType::COUNTER,
     ),
     (
         "epoch_ticks_total",
@@ -136,10 +143,12 @@ impl Collector for GuestCollector {
         let mut memory = Vec::new();
         let mut ticks = Vec::new();
         let mut throttled = Vec::new();
+        let mut cancelled = Vec::new();
         for s in &stats {
             let slot = s.slot.name();
             calls.push(counter_metric(&[("slot", slot)], s.calls as f64));
             ticks.push(counter_metric(&[("slot", slot)], s.epoch_ticks as f64));
+            cancelled.push(counter_metric(&[("slot", slot)], s.cancelled as f64));
             throttled.push(counter_metric(&[("slot", slot)], s.throttled_seconds));
             for (reason, n) in s.failures.by_reason() {
                 failures.push(counter_metric(
@@ -181,8 +190,9 @@ impl Collector for GuestCollector {
             m.set_histogram(h);
             durations.push(m);
         }
+        // In the order of SERIES.
         let metrics = [
-            calls, failures, durations, reloads, memory, ticks, throttled,
+            calls, failures, durations, reloads, memory, cancelled, ticks, throttled,
         ];
         SERIES
             .iter()

@@ -221,6 +221,22 @@ impl<'a> ReadQuestionRef<'a> {
     }
 }
 
+/// A call being made: dropped before it ended (its caller's future was dropped, e.g.
+/// the client went away), it is counted as cancelled.
+struct InFlight<'a> {
+    stats: &'a StatsCell,
+    started: Instant,
+    ended: bool,
+}
+
+impl Drop for InFlight<'_> {
+    fn drop(&mut self) {
+        if !self.ended {
+            self.stats.record_cancelled(self.started.elapsed());
+        }
+    }
+}
+
 struct Warm {
     store: Store<GuestState>,
     exports: Exports,
@@ -350,9 +366,14 @@ impl LoadedModule {
         mode: CallMode,
         call: impl AsyncFnOnce(&Exports, &mut Store<GuestState>) -> wasmtime::Result<R>,
     ) -> Result<R, GuestFailure> {
-        let started = Instant::now();
+        let mut in_flight = InFlight {
+            stats,
+            started: Instant::now(),
+            ended: false,
+        };
         let result = self.call_inner(stats, mode, call).await;
-        stats.record_call(started.elapsed(), result.as_ref().err());
+        in_flight.ended = true;
+        stats.record_call(in_flight.started.elapsed(), result.as_ref().err());
         result
     }
 

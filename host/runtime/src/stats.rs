@@ -20,6 +20,9 @@ pub struct SlotStats {
     pub slot: Slot,
     /// Calls made, failed or not.
     pub calls: u64,
+    /// Calls whose caller stopped waiting before they ended (a client gone): counted
+    /// in `calls` and the latency up to that moment; their instance is dropped.
+    pub cancelled: u64,
     /// Calls that yielded the safe default, by reason.
     pub failures: FailureCounts,
     /// Fresh instances created (the rest of the calls reused one).
@@ -119,6 +122,7 @@ impl LatencyHistogram {
 #[derive(Debug, Default)]
 pub(crate) struct StatsCell {
     calls: AtomicU64,
+    cancelled: AtomicU64,
     unavailable: AtomicU64,
     busy: AtomicU64,
     instantiate: AtomicU64,
@@ -138,6 +142,12 @@ pub(crate) struct StatsCell {
 }
 
 impl StatsCell {
+    /// A call dropped before it ended, `elapsed` after it started.
+    pub(crate) fn record_cancelled(&self, elapsed: Duration) {
+        self.cancelled.fetch_add(1, Ordering::Relaxed);
+        self.record_call(elapsed, None);
+    }
+
     pub(crate) fn record_call(&self, elapsed: Duration, failure: Option<&GuestFailure>) {
         self.calls.fetch_add(1, Ordering::Relaxed);
         let seconds = elapsed.as_secs_f64();
@@ -204,6 +214,7 @@ impl StatsCell {
         SlotStats {
             slot,
             calls: load(&self.calls),
+            cancelled: load(&self.cancelled),
             failures: FailureCounts {
                 unavailable: load(&self.unavailable),
                 busy: load(&self.busy),

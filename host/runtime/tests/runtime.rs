@@ -913,6 +913,58 @@ fn guest_panic_message_reaches_the_log() {
 /// holds its slot's place (`guest_concurrency`) until its deadline, and a call finding
 /// every place taken for `guest_wait` fails closed as `busy` (counted), while the async
 /// runtime's only thread stays free meanwhile.
+/// A call whose caller stops waiting (its future dropped: the client went away) is
+/// counted as a cancelled call, and its place is free again at once.
+#[test]
+fn a_call_abandoned_by_its_caller_is_counted_as_cancelled() {
+    let dir = policies_dir();
+    std::fs::copy(guest("hostile"), dir.path().join("hostile.wasm")).unwrap();
+    std::fs::write(
+        dir.path().join("policies.toml"),
+        "[capability-policy]\nmodule = \"hostile.wasm\"\n",
+    )
+    .unwrap();
+    let runtime = Arc::new(
+        PolicyRuntime::load(RuntimeConfig {
+            guest_concurrency: 1,
+            call_deadline: Duration::from_secs(5),
+            ..config(dir.path())
+        })
+        .unwrap(),
+    );
+    let rt = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .unwrap();
+    let before = runtime.stats()[0].clone();
+    rt.block_on(async {
+        // The looping call is given up after 200 ms, long before its 5 s deadline.
+        let gave_up = tokio::time::timeout(
+            Duration::from_millis(200),
+            runtime.authorize_isolated(owner(Operation::Read, "/pub/loop")),
+        )
+        .await;
+        assert!(
+            gave_up.is_err(),
+            "the looping call ended by itself: {gave_up:?}"
+        );
+        // Its place is free: the next call is answered, not refused as busy.
+        let decision = runtime
+            .authorize_isolated(owner(Operation::Read, "/pub/ok"))
+            .await
+            .unwrap();
+        assert!(decision.allow);
+    });
+    let after = &runtime.stats()[0];
+    assert_eq!(after.cancelled - before.cancelled, 1, "{after:?}");
+    assert_eq!(
+        after.calls - before.calls,
+        2,
+        "both calls are counted: {after:?}"
+    );
+    assert_eq!(after.failures.total(), before.failures.total(), "{after:?}");
+}
+
 #[test]
 fn async_calls_wait_for_a_place_then_fail_closed() {
     let dir = policies_dir();

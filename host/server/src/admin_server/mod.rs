@@ -287,6 +287,8 @@ struct SlotView {
 struct CallsView {
     /// Calls made, failed or not.
     count: u64,
+    /// Calls whose caller stopped waiting before they ended (a client gone); in `count`.
+    cancelled: u64,
     /// Failed calls (each gave the safe default), by reason: unavailable, busy,
     /// instantiate, timeout, memory, panic, exit, trap.
     failures: homeserver_runtime::FailureCounts,
@@ -324,6 +326,7 @@ impl From<homeserver_runtime::SlotStats> for CallsView {
             .chain(std::iter::once(None));
         Self {
             count: s.calls,
+            cancelled: s.cancelled,
             failures: s.failures,
             instantiations: s.instantiations,
             mean_ms: (latency.count > 0).then(|| ms(latency.sum_seconds) / latency.count as f64),
