@@ -909,14 +909,9 @@ fn guest_panic_message_reaches_the_log() {
     assert!(log.contains("hostile guest writes to stderr"), "{log}");
 }
 
-/// Async calls run on the caller's task and yield at every epoch tick: a looping guest
-/// holds its slot's place (`guest_concurrency`) until its deadline, and a call finding
-/// every place taken for `guest_wait` fails closed as `busy` (counted), while the async
-/// runtime's only thread stays free meanwhile.
-/// A call whose caller stops waiting (its future dropped: the client went away) is
-/// counted as a cancelled call, and its place is free again at once.
-#[test]
-fn a_call_abandoned_by_its_caller_is_counted_as_cancelled() {
+/// A policies folder whose capability policy is the hostile guest (it loops on
+/// `/pub/loop`).
+fn hostile_policy_dir() -> TempDir {
     let dir = policies_dir();
     std::fs::copy(guest("hostile"), dir.path().join("hostile.wasm")).unwrap();
     std::fs::write(
@@ -924,6 +919,14 @@ fn a_call_abandoned_by_its_caller_is_counted_as_cancelled() {
         "[capability-policy]\nmodule = \"hostile.wasm\"\n",
     )
     .unwrap();
+    dir
+}
+
+/// A call whose caller stops waiting (its future dropped: the client went away) is
+/// counted as a cancelled call, and its place is free again at once.
+#[test]
+fn a_call_abandoned_by_its_caller_is_counted_as_cancelled() {
+    let dir = hostile_policy_dir();
     let runtime = Arc::new(
         PolicyRuntime::load(RuntimeConfig {
             guest_concurrency: 1,
@@ -965,15 +968,13 @@ fn a_call_abandoned_by_its_caller_is_counted_as_cancelled() {
     assert_eq!(after.failures.total(), before.failures.total(), "{after:?}");
 }
 
+/// Async calls run on the caller's task and yield at every epoch tick: a looping guest
+/// holds its slot's place (`guest_concurrency`) until its deadline, and a call finding
+/// every place taken for `guest_wait` fails closed as `busy` (counted), while the async
+/// runtime's only thread stays free meanwhile.
 #[test]
 fn async_calls_wait_for_a_place_then_fail_closed() {
-    let dir = policies_dir();
-    std::fs::copy(guest("hostile"), dir.path().join("hostile.wasm")).unwrap();
-    std::fs::write(
-        dir.path().join("policies.toml"),
-        "[capability-policy]\nmodule = \"hostile.wasm\"\n",
-    )
-    .unwrap();
+    let dir = hostile_policy_dir();
     let runtime = Arc::new(
         PolicyRuntime::load(RuntimeConfig {
             guest_concurrency: 1,
