@@ -12,6 +12,8 @@ Environment:
                       for the token step; in open mode that step is skipped)
   CHROMIUM_BIN, CHROMEDRIVER   default /usr/bin/chromium, /usr/bin/chromedriver
   HS_SCREENSHOT_DIR   default target/admin-page-screenshots
+  HS_POLICIES_DIR     the server's policies.dir, which the test may write a module into
+  HS_TEST_GUESTS      the folder of the built test guests (capability_policy.wasm)
 
 Usually run by scripts/browser-test, which starts a server for it.
 """
@@ -426,10 +428,19 @@ def test_reload_policies(driver):
         assert ("p50" in latency) == (int(calls) > 0), (slot["slot"], calls, latency)
         assert css(driver, row_css + " .failures").text, slot["slot"]
         assert css(driver, row_css + " .memory-peak").text, slot["slot"]
+        # The figures are the serving module's (the slot's since start in the title).
+        serving = [m for m in slot["modules"] if m["serving"]]
+        assert len(serving) == (1 if slot["serving"] else 0), slot
+        figures = serving[0]["calls"] if serving else slot["calls"]
+        if serving:
+            assert serving[0]["blake3"] == slot["blake3"], slot
         cpu = css(driver, row_css + " .cpu").text
-        assert cpu.startswith(f'{slot["calls"]["cpu_ms"]} ms'), (slot["slot"], cpu, slot["calls"])
+        assert cpu.startswith(f'{figures["cpu_ms"]} ms'), (slot["slot"], cpu, figures)
+        title = css(driver, row_css + " .calls").get_attribute("title")
+        assert "since this process started" in title, (slot["slot"], title)
     for key in ("count", "failures", "p50_ms", "p99_ms", "latency", "memory_high_water_bytes", "cpu_ms", "throttled_ms"):
         assert key in expected["slots"][0]["calls"], (key, expected["slots"][0])
+        assert key in expected["slots"][0]["modules"][0]["calls"], (key, expected["slots"][0])
     click_css(driver, "#reload-policies")
     result = until(lambda: visible(driver, "#reload-result") and "Reloading" not in css(driver, "#reload-result").text
                    and css(driver, "#reload-result"), what="the reload result")
@@ -439,6 +450,69 @@ def test_reload_policies(driver):
     assert outcomes and all(o in ("unchanged", "loaded", "failed") for o in outcomes), outcomes
     assert ("Reload OK" in text) == all(o != "failed" for o in outcomes), text
     shot(driver, "policies", element=css(driver, "#policies"))
+
+
+def policy_slot(answer: dict) -> dict:
+    return next(s for s in answer["slots"] if s["slot"] == "capability-policy")
+
+
+def reload_until(blake3_is, what: str) -> dict:
+    """Reloads through the API until the capability policy's BLAKE3 passes `blake3_is`
+    (the folder's watcher may have loaded it first: then the reload says unchanged)."""
+    def loaded():
+        status, answer = admin_api("POST", "/admin/policies/reload")
+        assert status == 200, (status, answer)
+        slot = policy_slot({"slots": answer["status"]})
+        return slot if blake3_is(slot["blake3"]) else None
+    return until(loaded, timeout=20, what=what)
+
+
+def test_a_swapped_module_has_figures_of_its_own(driver):
+    """A hot swap on the page: the row's figures are the new module's, and the module
+    before it is listed under the BLAKE3 with its own."""
+    policies, guests = os.environ.get("HS_POLICIES_DIR"), os.environ.get("HS_TEST_GUESTS")
+    assert policies and guests, "HS_POLICIES_DIR and HS_TEST_GUESTS (set by scripts/browser-test)"
+    _, before = admin_api("GET", "/admin/policies")
+    old = policy_slot(before)["blake3"]
+    old_calls = policy_slot(before)["modules"][0]["calls"]["count"]
+    assert old_calls > 0, before  # the earlier steps wrote values
+    # The same guest under another BLAKE3 (a custom section appended), so the steps
+    # after this one see the same decisions.
+    with open(os.path.join(guests, "capability_policy.wasm"), "rb") as f:
+        module = f.read()
+    name = b"browser-test"
+    module += bytes([0, len(name) + 1, len(name)]) + name
+    target = os.path.join(policies, "capability-policy.wasm")
+    with open(target + ".tmp", "wb") as f:
+        f.write(module)
+    os.replace(target + ".tmp", target)
+    row_css = '#policies-table tr[data-slot="capability-policy"]'
+    try:
+        slot = reload_until(lambda b: b != old, "the new module to serve")
+        new = slot["blake3"]
+        assert [(m["blake3"], m["serving"]) for m in slot["modules"]] == [(new, True), (old, False)], slot
+        click_css(driver, "#reload-policies")
+        until(lambda: css(driver, row_css + " td[data-label=BLAKE3] code").get_attribute("title") == new,
+              what="the row showing the new module")
+        # The figures are the new module's (no calls yet), not the slot's.
+        _, now = admin_api("GET", "/admin/policies")
+        serving = policy_slot(now)["modules"][0]
+        assert css(driver, row_css + " .calls").text == str(serving["calls"]["count"]), now
+        assert serving["calls"]["count"] < old_calls, now
+        earlier = css(driver, row_css + " .earlier-modules")
+        assert earlier.find_element(By.CSS_SELECTOR, "summary").text == "1 earlier"
+        click(driver, earlier.find_element(By.CSS_SELECTOR, "summary"))
+        item = until(lambda: visible(driver, row_css + f' .earlier-modules li[data-blake3="{old}"]')
+                     and css(driver, row_css + f' .earlier-modules li[data-blake3="{old}"]'),
+                     what="the earlier module's line")
+        assert f"{old_calls} calls" in item.text, item.text
+        shot(driver, "policies-after-a-swap", element=css(driver, "#policies"))
+    finally:
+        os.remove(target)
+    # Back to the built-in module (the fallback): its own figures carry on.
+    slot = reload_until(lambda b: b == old, "the built-in module to serve again")
+    assert slot["modules"][0]["calls"]["count"] >= old_calls, slot
+    assert slot["modules"][0]["loads"] == 2, slot
 
 
 def test_events_show_a_put(driver):

@@ -65,11 +65,11 @@ pub use error::{GuestFailure, RuntimeError, TrapKind};
 pub use harness::{TestOptions, TestOutcome, TestReport, case_files, test_cases};
 pub use policies::{ModuleSource, POLICIES_FILE};
 pub use runtime::{
-    DEFAULT_GUEST_CPU_SHARE, PolicyRuntime, ReloadOutcome, ReloadReport, RuntimeConfig, SlotReload,
-    SlotStatus,
+    DEFAULT_GUEST_CPU_SHARE, MODULES_KEPT, PolicyRuntime, ReloadOutcome, ReloadReport,
+    RuntimeConfig, SlotReload, SlotStatus,
 };
 pub use sandbox::MIN_CALL_DEADLINE;
-pub use stats::{FailureCounts, LATENCY_BUCKETS, LatencyHistogram, SlotStats};
+pub use stats::{FailureCounts, LATENCY_BUCKETS, LatencyHistogram, ModuleStats, SlotStats};
 pub use tools::{
     CaseResult, CheckOptions, CheckReport, EvalSummary, GoldenCase, HOST_IMPORTS, check_module,
     check_module_with, eval_lines, golden_cases, parse_cases,

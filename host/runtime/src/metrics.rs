@@ -1,6 +1,9 @@
-//! The runtime's per-slot figures as Prometheus series (feature `prometheus`): one
-//! collector, read at scrape time from the lock-free stats, used by the homeserver
-//! (`hs_guest_*`) and by pkbot (`bot_guest_*`) for the slots each calls.
+//! The runtime's per-slot and per-module figures as Prometheus series (feature
+//! `prometheus`): one collector, read at scrape time from the lock-free stats, used by
+//! the homeserver (`hs_guest_*`) and by pkbot (`bot_guest_*`) for the slots each calls.
+//! The per-slot series count across hot swaps; the `module_*` ones, labelled with the
+//! module's BLAKE3, tell a new module's cost from the old one's (at most
+//! `MODULES_KEPT` modules a slot, so their number stays bounded).
 
 use std::sync::Arc;
 
@@ -9,12 +12,12 @@ use prometheus::proto::{
     Bucket, Counter, Gauge, Histogram, LabelPair, Metric, MetricFamily, MetricType,
 };
 
-use crate::PolicyRuntime;
+use crate::{PolicyRuntime, SlotStats};
 
 /// Exports the runtime's per-slot stats at scrape time.
 pub struct GuestCollector {
     runtime: Arc<PolicyRuntime>,
-    /// The full name of each of [`SERIES`], in its order.
+    /// The full name of each of [`SERIES`] then [`MODULE_SERIES`], in their order.
     names: Vec<String>,
     descs: Vec<Desc>,
 }
@@ -75,6 +78,49 @@ const SERIES: [(&str, &str, &[&str], MetricType); 8] = [
     ),
 ];
 
+/// The per-module series, after `{prefix}_guest_module_`, as [`SERIES`]; each also has
+/// the label `module` (the module's BLAKE3, hex).
+const MODULE_SERIES: [(&str, &str, &[&str], MetricType); 6] = [
+    (
+        "serving",
+        "1 for the module that serves its slot now, 0 for one it served before (its \
+         figures are kept until more modules have been swapped in).",
+        &["slot", "module", "source"],
+        MetricType::GAUGE,
+    ),
+    (
+        "calls_total",
+        "Calls into a Wasm guest, by slot and module.",
+        &["slot", "module"],
+        MetricType::COUNTER,
+    ),
+    (
+        "call_failures_total",
+        "Calls of a module that failed and gave the slot's safe default, by reason.",
+        &["slot", "module", "reason"],
+        MetricType::COUNTER,
+    ),
+    (
+        "call_duration_seconds",
+        "Call latency, by slot and module.",
+        &["slot", "module"],
+        MetricType::HISTOGRAM,
+    ),
+    (
+        "epoch_ticks_total",
+        "Epoch ticks (1 ms) at which a call of the module was running: its CPU time in \
+         ms, estimated.",
+        &["slot", "module"],
+        MetricType::COUNTER,
+    ),
+    (
+        "memory_high_water_bytes",
+        "The most linear memory an instance of the module was given, in bytes.",
+        &["slot", "module"],
+        MetricType::GAUGE,
+    ),
+];
+
 impl GuestCollector {
     /// The series of `runtime`'s slots, named `{prefix}_guest_*` (`hs` for the
     /// homeserver, `bot` for pkbot).
@@ -82,9 +128,15 @@ impl GuestCollector {
         let names: Vec<String> = SERIES
             .iter()
             .map(|(name, ..)| format!("{prefix}_guest_{name}"))
+            .chain(
+                MODULE_SERIES
+                    .iter()
+                    .map(|(name, ..)| format!("{prefix}_guest_module_{name}")),
+            )
             .collect();
         let descs = SERIES
             .iter()
+            .chain(&MODULE_SERIES)
             .zip(&names)
             .map(|((_, help, labels, _), name)| {
                 let labels = labels.iter().map(|l| (*l).to_owned()).collect();
@@ -117,6 +169,37 @@ fn counter_metric(pairs: &[(&str, &str)], value: impl Into<f64>) -> Metric {
     let mut m = Metric::default();
     m.set_label(labels(pairs));
     m.set_counter(c);
+    m
+}
+
+fn gauge_metric(pairs: &[(&str, &str)], value: f64) -> Metric {
+    let mut g = Gauge::default();
+    g.set_value(value);
+    let mut m = Metric::default();
+    m.set_label(labels(pairs));
+    m.set_gauge(g);
+    m
+}
+
+fn histogram_metric(pairs: &[(&str, &str)], s: &SlotStats) -> Metric {
+    let mut h = Histogram::default();
+    h.set_sample_count(s.latency.count);
+    h.set_sample_sum(s.latency.sum_seconds);
+    h.set_bucket(
+        s.latency
+            .cumulative()
+            .into_iter()
+            .map(|(bound, count)| {
+                let mut b = Bucket::default();
+                b.set_upper_bound(bound);
+                b.set_cumulative_count(count);
+                b
+            })
+            .collect(),
+    );
+    let mut m = Metric::default();
+    m.set_label(labels(pairs));
+    m.set_histogram(h);
     m
 }
 
@@ -164,38 +247,59 @@ impl Collector for GuestCollector {
                 &[("slot", slot), ("result", "failed")],
                 s.reload_failures as f64,
             ));
-            let mut high_water = Gauge::default();
-            high_water.set_value(s.memory_high_water_bytes as f64);
-            let mut m = Metric::default();
-            m.set_label(labels(&[("slot", slot)]));
-            m.set_gauge(high_water);
-            memory.push(m);
-            let mut h = Histogram::default();
-            h.set_sample_count(s.latency.count);
-            h.set_sample_sum(s.latency.sum_seconds);
-            h.set_bucket(
-                s.latency
-                    .cumulative()
-                    .into_iter()
-                    .map(|(bound, count)| {
-                        let mut b = Bucket::default();
-                        b.set_upper_bound(bound);
-                        b.set_cumulative_count(count);
-                        b
-                    })
-                    .collect(),
-            );
-            let mut m = Metric::default();
-            m.set_label(labels(&[("slot", slot)]));
-            m.set_histogram(h);
-            durations.push(m);
+            memory.push(gauge_metric(
+                &[("slot", slot)],
+                s.memory_high_water_bytes as f64,
+            ));
+            durations.push(histogram_metric(&[("slot", slot)], s));
         }
-        // In the order of SERIES.
+        let mut serving = Vec::new();
+        let mut module_calls = Vec::new();
+        let mut module_failures = Vec::new();
+        let mut module_durations = Vec::new();
+        let mut module_ticks = Vec::new();
+        let mut module_memory = Vec::new();
+        for (slot, modules) in self.runtime.module_stats() {
+            let slot = slot.name();
+            for m in &modules {
+                let s = &m.stats;
+                let module = [("slot", slot), ("module", m.blake3.as_str())];
+                serving.push(gauge_metric(
+                    &[("slot", slot), ("module", &m.blake3), ("source", &m.source)],
+                    if m.serving { 1.0 } else { 0.0 },
+                ));
+                module_calls.push(counter_metric(&module, s.calls as f64));
+                for (reason, n) in s.failures.by_reason() {
+                    module_failures.push(counter_metric(
+                        &[("slot", slot), ("module", &m.blake3), ("reason", reason)],
+                        n as f64,
+                    ));
+                }
+                module_durations.push(histogram_metric(&module, s));
+                module_ticks.push(counter_metric(&module, s.epoch_ticks as f64));
+                module_memory.push(gauge_metric(&module, s.memory_high_water_bytes as f64));
+            }
+        }
+        // In the order of SERIES, then MODULE_SERIES.
         let metrics = [
-            calls, failures, durations, reloads, memory, cancelled, ticks, throttled,
+            calls,
+            failures,
+            durations,
+            reloads,
+            memory,
+            cancelled,
+            ticks,
+            throttled,
+            serving,
+            module_calls,
+            module_failures,
+            module_durations,
+            module_ticks,
+            module_memory,
         ];
         SERIES
             .iter()
+            .chain(&MODULE_SERIES)
             .zip(&self.names)
             .zip(metrics)
             .map(|(((_, help, _, kind), name), metrics)| family(name, help, *kind, metrics))

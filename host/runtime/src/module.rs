@@ -20,7 +20,7 @@
 //! request and config only), so a hot GET costs a cache lookup, not a guest call.
 
 use std::sync::atomic::{AtomicU64, Ordering};
-use std::sync::{Arc, Mutex};
+use std::sync::{Arc, Mutex, OnceLock};
 use std::time::{Instant, SystemTime};
 
 use wasmtime::Store;
@@ -35,7 +35,7 @@ use crate::bindings::v0_1;
 use crate::error::GuestFailure;
 use crate::policies::{ModuleSource, SlotConfig};
 use crate::sandbox::{CallMode, GuestState, HostUse, Sandbox};
-use crate::stats::StatsCell;
+use crate::stats::{StatsCell, Tally};
 use crate::types::{
     AuthorizeRequest, Caller, Decision, Intent, IntentAction, Method, Operation, Slot, TermMatch,
     WIT_VERSIONS,
@@ -224,7 +224,7 @@ impl<'a> ReadQuestionRef<'a> {
 /// A call being made: dropped before it ended (its caller's future was dropped, e.g.
 /// the client went away), it is counted as cancelled.
 struct InFlight<'a> {
-    stats: &'a StatsCell,
+    tally: Tally<'a>,
     started: Instant,
     ended: bool,
 }
@@ -232,7 +232,7 @@ struct InFlight<'a> {
 impl Drop for InFlight<'_> {
     fn drop(&mut self) {
         if !self.ended {
-            self.stats.record_cancelled(self.started.elapsed());
+            self.tally.cancelled(self.started.elapsed());
         }
     }
 }
@@ -259,6 +259,9 @@ pub(crate) struct LoadedModule {
     /// Whether calls record what they ask of the host (`policy test`), into `last_use`.
     recording: bool,
     last_use: Mutex<Option<HostUse>>,
+    /// This module's own figures in the runtime that serves it, set when it is swapped
+    /// in (so its test call at load is not counted, and tools' calls are not either).
+    figures: OnceLock<Arc<StatsCell>>,
 }
 
 impl LoadedModule {
@@ -297,6 +300,7 @@ impl LoadedModule {
             generation: next_generation(),
             recording: false,
             last_use: Mutex::new(None),
+            figures: OnceLock::new(),
         })
     }
 
@@ -314,6 +318,7 @@ impl LoadedModule {
             generation: next_generation(),
             recording: self.recording,
             last_use: Mutex::new(None),
+            figures: OnceLock::new(),
         }
     }
 
@@ -359,27 +364,43 @@ impl LoadedModule {
         self.read_decisions.get(&question)
     }
 
-    /// Runs `call` on a warm or fresh instance and records it in `stats`.
+    /// From now on, this module's calls are counted in `figures` too (the runtime's
+    /// cell for its hash). Set once: a module is swapped into one slot of one runtime.
+    pub(crate) fn count_in(&self, figures: Arc<StatsCell>) {
+        let _ = self.figures.set(figures);
+    }
+
+    /// This module's own figures, once it is counted (see [`Self::count_in`]).
+    pub(crate) fn figures(&self) -> Option<&StatsCell> {
+        self.figures.get().map(Arc::as_ref)
+    }
+
+    /// Runs `call` on a warm or fresh instance and records it in `stats` (the slot's)
+    /// and in the module's own figures.
     async fn call<R>(
         &self,
         stats: &StatsCell,
         mode: CallMode,
         call: impl AsyncFnOnce(&Exports, &mut Store<GuestState>) -> wasmtime::Result<R>,
     ) -> Result<R, GuestFailure> {
+        let tally = Tally {
+            slot: stats,
+            module: self.figures(),
+        };
         let mut in_flight = InFlight {
-            stats,
+            tally,
             started: Instant::now(),
             ended: false,
         };
-        let result = self.call_inner(stats, mode, call).await;
+        let result = self.call_inner(tally, mode, call).await;
         in_flight.ended = true;
-        stats.record_call(in_flight.started.elapsed(), result.as_ref().err());
+        tally.call(in_flight.started.elapsed(), result.as_ref().err());
         result
     }
 
     async fn call_inner<R>(
         &self,
-        stats: &StatsCell,
+        stats: Tally<'_>,
         mode: CallMode,
         call: impl AsyncFnOnce(&Exports, &mut Store<GuestState>) -> wasmtime::Result<R>,
     ) -> Result<R, GuestFailure> {
@@ -392,7 +413,7 @@ impl LoadedModule {
                 warm
             }
             None => {
-                stats.record_instantiation();
+                stats.instantiation();
                 let mut store = self.sandbox.store(self.slot, Arc::clone(&self.config));
                 self.sandbox.arm(&mut store, mode);
                 if recording {
@@ -428,8 +449,8 @@ impl LoadedModule {
             *last = warm.store.data_mut().used.take();
         }
         let state = warm.store.data();
-        stats.record_memory(state.limiter.memory_peak());
-        stats.record_ticks(state.call.ticks, state.call.throttled());
+        stats.memory(state.limiter.memory_peak());
+        stats.ticks(state.call.ticks, state.call.throttled());
         match result {
             Ok(value) => {
                 warm.calls += 1;

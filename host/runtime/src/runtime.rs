@@ -22,7 +22,7 @@ use crate::error::{GuestFailure, RuntimeError, TrapKind};
 use crate::module::{LoadedModule, PoolOptions, ReadQuestion};
 use crate::policies::{ModuleSource, Policies};
 use crate::sandbox::{CallMode, Sandbox, SandboxLimits};
-use crate::stats::{SlotStats, StatsCell};
+use crate::stats::{ModuleStats, SlotStats, StatsCell};
 use crate::types::{AuthorizeRequest, Caller, Decision, Intent, Operation, SafetyVerdict, Slot};
 
 /// How the runtime runs. `Default` gives the embedded-server defaults.
@@ -179,6 +179,18 @@ pub struct SlotStatus {
     pub safe_default: &'static str,
 }
 
+/// Modules whose figures a slot keeps (the serving one and those before it); the
+/// oldest swapped-in beyond it is forgotten (its series leave `/metrics`).
+pub const MODULES_KEPT: usize = 8;
+
+/// One module's figures in a slot, kept across swaps (see [`ModuleStats`]).
+struct ModuleFigures {
+    hash: blake3::Hash,
+    source: String,
+    loaded_at: SystemTime,
+    stats: Arc<StatsCell>,
+}
+
 #[derive(Debug, Default)]
 struct SlotHealth {
     last_error: Option<String>,
@@ -192,6 +204,8 @@ struct SlotCell {
     stats: StatsCell,
     /// Places for the slot's async calls (`guest_concurrency`).
     calls: tokio::sync::Semaphore,
+    /// The modules it served, the last swapped in first (at most [`MODULES_KEPT`]).
+    modules: Mutex<Vec<ModuleFigures>>,
 }
 
 impl SlotCell {
@@ -202,7 +216,51 @@ impl SlotCell {
             health: Mutex::new(SlotHealth::default()),
             stats: StatsCell::default(),
             calls: tokio::sync::Semaphore::new(concurrency),
+            modules: Mutex::new(Vec::new()),
         }
+    }
+
+    /// Swaps `module` in, counting its calls in the figures of its hash (those of an
+    /// earlier load of the same module carry on).
+    fn swap_in(&self, module: Arc<LoadedModule>) {
+        if let Ok(mut modules) = self.modules.lock() {
+            let hash = module.info.module_hash;
+            let mut figures = match modules.iter().position(|m| m.hash == hash) {
+                Some(i) => modules.remove(i),
+                None => ModuleFigures {
+                    hash,
+                    source: String::new(),
+                    loaded_at: SystemTime::now(),
+                    stats: Arc::default(),
+                },
+            };
+            figures.source = module.info.source.to_string();
+            figures.loaded_at = module.info.loaded_at;
+            figures.stats.record_reload(true);
+            module.count_in(Arc::clone(&figures.stats));
+            modules.insert(0, figures);
+            modules.truncate(MODULES_KEPT);
+        }
+        self.current.store(Some(module));
+        self.stats.record_reload(true);
+    }
+
+    /// Each kept module's figures, the last swapped in first.
+    fn module_stats(&self) -> Vec<ModuleStats> {
+        let serving = self.current.load().as_ref().map(|m| m.info.module_hash);
+        let Ok(modules) = self.modules.lock() else {
+            return Vec::new();
+        };
+        modules
+            .iter()
+            .map(|m| ModuleStats {
+                blake3: m.hash.to_hex().to_string(),
+                source: m.source.clone(),
+                loaded_at: unix_seconds(m.loaded_at),
+                serving: serving == Some(m.hash),
+                stats: m.stats.snapshot(self.slot),
+            })
+            .collect()
     }
 
     fn unavailable(&self) -> GuestFailure {
@@ -398,9 +456,15 @@ impl PolicyRuntime {
                 self.config.guest_wait.as_millis(),
             ),
         };
-        self.slots[index(slot)]
-            .stats
+        let cell = &self.slots[index(slot)];
+        cell.stats
             .record_call(self.config.guest_wait, Some(&failure));
+        // The module being called so much that no place came free: its figures too.
+        if let Some(module) = cell.current.load().as_ref()
+            && let Some(figures) = module.figures()
+        {
+            figures.record_call(self.config.guest_wait, Some(&failure));
+        }
         failure
     }
 
@@ -620,8 +684,7 @@ impl PolicyRuntime {
             from_cache = loaded.info.from_cache,
             "guest loaded"
         );
-        cell.current.store(Some(loaded));
-        cell.stats.record_reload(true);
+        cell.swap_in(loaded);
         Ok(outcome)
     }
 
@@ -686,6 +749,15 @@ impl PolicyRuntime {
         self.slots
             .iter()
             .map(|cell| cell.stats.snapshot(cell.slot))
+            .collect()
+    }
+
+    /// The figures of each module every slot served (at most [`MODULES_KEPT`] per slot),
+    /// by slot, the last swapped in first.
+    pub fn module_stats(&self) -> Vec<(Slot, Vec<ModuleStats>)> {
+        self.slots
+            .iter()
+            .map(|cell| (cell.slot, cell.module_stats()))
             .collect()
     }
 

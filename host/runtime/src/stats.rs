@@ -1,5 +1,6 @@
-//! Per-slot call counters and a latency histogram: lock-free atomics, cheap enough for
-//! every call, read by the server's metrics endpoint through [`SlotStats`].
+//! Call counters and a latency histogram per slot and per module: lock-free atomics,
+//! cheap enough for every call, read by the server's metrics endpoint and admin API
+//! through [`SlotStats`] and [`ModuleStats`].
 
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::Duration;
@@ -14,7 +15,7 @@ pub const LATENCY_BUCKETS: [f64; 14] = [
     1e-6, 2.5e-6, 5e-6, 1e-5, 2.5e-5, 5e-5, 1e-4, 2.5e-4, 5e-4, 1e-3, 5e-3, 2.5e-2, 0.1, 1.0,
 ];
 
-/// A snapshot of one slot's counters.
+/// A snapshot of one slot's counters (or of one module's: see [`ModuleStats`]).
 #[derive(Debug, Clone, PartialEq, Serialize)]
 pub struct SlotStats {
     pub slot: Slot,
@@ -40,6 +41,24 @@ pub struct SlotStats {
     /// Time calls slept because guest calls had used up their share of the cores
     /// (`policies.guest_cpu_share`).
     pub throttled_seconds: f64,
+}
+
+/// The figures of one module a slot has served in this process, told apart by its
+/// BLAKE3: what a hot swap changed shows as the new module's figures beside the old
+/// one's. Swapping a module back in carries on with its figures.
+#[derive(Debug, Clone, PartialEq, Serialize)]
+pub struct ModuleStats {
+    /// The module's BLAKE3, hex.
+    pub blake3: String,
+    /// Where it was last loaded from (a file in `policies.dir`, or `builtin`).
+    pub source: String,
+    /// When it was last swapped in (Unix seconds).
+    pub loaded_at: u64,
+    /// Whether it is the slot's module now.
+    pub serving: bool,
+    /// Its calls since it was first swapped in (`reloads`: the times it was swapped in,
+    /// `reload_failures` 0; `unavailable` is the slot's alone: no module was there).
+    pub stats: SlotStats,
 }
 
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize)]
@@ -237,6 +256,43 @@ impl StatsCell {
             epoch_ticks: load(&self.ticks),
             throttled_seconds: load(&self.throttled_nanos) as f64 / 1e9,
         }
+    }
+}
+
+/// Where a call is counted: its slot's cell, and the cell of the module that serves it
+/// when the runtime keeps one (tools' calls and a module's test call at load have none).
+#[derive(Clone, Copy)]
+pub(crate) struct Tally<'a> {
+    pub slot: &'a StatsCell,
+    pub module: Option<&'a StatsCell>,
+}
+
+impl Tally<'_> {
+    fn each(&self, record: impl Fn(&StatsCell)) {
+        record(self.slot);
+        if let Some(module) = self.module {
+            record(module);
+        }
+    }
+
+    pub(crate) fn call(&self, elapsed: Duration, failure: Option<&GuestFailure>) {
+        self.each(|cell| cell.record_call(elapsed, failure));
+    }
+
+    pub(crate) fn cancelled(&self, elapsed: Duration) {
+        self.each(|cell| cell.record_cancelled(elapsed));
+    }
+
+    pub(crate) fn instantiation(&self) {
+        self.each(StatsCell::record_instantiation);
+    }
+
+    pub(crate) fn memory(&self, bytes: usize) {
+        self.each(|cell| cell.record_memory(bytes));
+    }
+
+    pub(crate) fn ticks(&self, ticks: u64, throttled: Duration) {
+        self.each(|cell| cell.record_ticks(ticks, throttled));
     }
 }
 

@@ -1267,3 +1267,98 @@ fn the_harness_holds_cases_to_their_budget_and_declared_imports() {
     assert_eq!(declares.passed, undeclared.is_empty(), "{declares:?}");
     assert!(report.failed >= 2, "{report:#?}");
 }
+
+/// `module` with a custom section appended: the same guest under another BLAKE3.
+fn renamed(module: &[u8], name: &str) -> Vec<u8> {
+    let mut section = vec![u8::try_from(name.len()).unwrap()];
+    section.extend_from_slice(name.as_bytes());
+    let mut bytes = module.to_vec();
+    bytes.push(0); // a custom section
+    bytes.push(u8::try_from(section.len()).unwrap());
+    bytes.extend(section);
+    bytes
+}
+
+/// Figures per module (issue 31, point 4): each module swapped into a slot has its own,
+/// the slot's are their sum, a module swapped back in carries on with its own, and a
+/// slot keeps those of its last `MODULES_KEPT` modules only.
+#[test]
+fn each_module_keeps_its_own_figures_up_to_a_bound() {
+    let dir = tempfile::tempdir().unwrap();
+    let builtin = homeserver_runtime::builtin_module(Slot::CapabilityPolicy).unwrap();
+    let swap_to = |name: &str| {
+        std::fs::write(
+            dir.path().join(format!("{name}.wasm")),
+            renamed(builtin, name),
+        )
+        .unwrap();
+        std::fs::write(
+            dir.path().join("policies.toml"),
+            format!("[capability-policy]\nmodule = \"{name}.wasm\"\n"),
+        )
+        .unwrap();
+    };
+    swap_to("m0");
+    let runtime = PolicyRuntime::load(config(dir.path())).unwrap();
+    let policy_modules = || {
+        runtime
+            .module_stats()
+            .into_iter()
+            .find(|(slot, _)| *slot == Slot::CapabilityPolicy)
+            .unwrap()
+            .1
+    };
+    // Writes are always asked: n writes are n calls.
+    let write = |n: usize| {
+        for _ in 0..n {
+            runtime
+                .authorize(&owner(Operation::Write, "/pub/x"))
+                .unwrap();
+        }
+    };
+    write(2);
+    swap_to("m1");
+    assert!(runtime.reload().is_ok());
+    write(3);
+    let modules = policy_modules();
+    let figures: Vec<(bool, u64, u64)> = modules
+        .iter()
+        .map(|m| (m.serving, m.stats.calls, m.stats.reloads))
+        .collect();
+    assert_eq!(figures, [(true, 3, 1), (false, 2, 1)]);
+    assert_ne!(modules[0].blake3, modules[1].blake3);
+    assert!(
+        modules[0].source.ends_with("m1.wasm"),
+        "{}",
+        modules[0].source
+    );
+    assert_eq!(runtime.stats()[0].calls, 5, "the slot's: the sum");
+    // m0 again: its figures carry on.
+    swap_to("m0");
+    assert!(runtime.reload().is_ok());
+    write(1);
+    let figures: Vec<(bool, u64, u64)> = policy_modules()
+        .iter()
+        .map(|m| (m.serving, m.stats.calls, m.stats.reloads))
+        .collect();
+    assert_eq!(figures, [(true, 3, 2), (false, 3, 1)]);
+    // More modules than a slot keeps: the oldest swapped in go.
+    for i in 2..=homeserver_runtime::MODULES_KEPT + 1 {
+        swap_to(&format!("m{i}"));
+        assert!(runtime.reload().is_ok());
+    }
+    let modules = policy_modules();
+    assert_eq!(modules.len(), homeserver_runtime::MODULES_KEPT);
+    assert!(modules[0].serving && modules.iter().skip(1).all(|m| !m.serving));
+    let kept: Vec<&str> = modules.iter().map(|m| m.source.as_str()).collect();
+    assert!(
+        kept.iter()
+            .all(|s| !s.ends_with("m0.wasm") && !s.ends_with("m1.wasm")),
+        "{kept:?}"
+    );
+    assert_eq!(
+        runtime.stats()[0].calls,
+        6,
+        "the slot's figures keep everything"
+    );
+}

@@ -280,6 +280,36 @@ struct SlotView {
     called_by: &'static str,
     /// What this process's calls into the slot cost since it started.
     calls: Option<CallsView>,
+    /// The same per module this process swapped into the slot (the serving one and up
+    /// to `MODULES_KEPT - 1` before it), the last swapped in first.
+    modules: Vec<ModuleView>,
+}
+
+/// One module's figures: what its calls cost since it was first swapped in.
+#[derive(Serialize)]
+struct ModuleView {
+    blake3: String,
+    source: String,
+    /// When it was last swapped in (Unix seconds).
+    loaded_at: u64,
+    /// Whether it serves the slot now.
+    serving: bool,
+    /// The times it was swapped in.
+    loads: u64,
+    calls: CallsView,
+}
+
+impl From<homeserver_runtime::ModuleStats> for ModuleView {
+    fn from(m: homeserver_runtime::ModuleStats) -> Self {
+        Self {
+            blake3: m.blake3,
+            source: m.source,
+            loaded_at: m.loaded_at,
+            serving: m.serving,
+            loads: m.stats.reloads,
+            calls: m.stats.into(),
+        }
+    }
 }
 
 /// A slot's call figures for the admin API (its `/metrics` series, summed up).
@@ -345,6 +375,7 @@ impl From<homeserver_runtime::SlotStats> for CallsView {
 
 fn slot_views(app: &AppContext) -> Vec<SlotView> {
     let mut stats = app.policy.stats();
+    let mut modules = app.policy.module_stats();
     app.policy
         .status()
         .into_iter()
@@ -353,9 +384,15 @@ fn slot_views(app: &AppContext) -> Vec<SlotView> {
                 .iter()
                 .position(|s| s.slot == status.slot)
                 .map(|i| stats.swap_remove(i).into());
+            let modules = modules
+                .iter()
+                .position(|(slot, _)| *slot == status.slot)
+                .map(|i| modules.swap_remove(i).1)
+                .unwrap_or_default();
             SlotView {
                 called_by: crate::service::readiness::caller_of(status.slot),
                 calls,
+                modules: modules.into_iter().map(ModuleView::from).collect(),
                 status,
             }
         })

@@ -405,3 +405,130 @@ async fn account_deletion_removes_everything_and_shows_in_the_feed() {
     )
     .await;
 }
+
+/// Figures per module (issue 31, point 4): after a hot swap the new module's calls are
+/// counted apart from the old one's, in the admin API and in /metrics, the slot's sum
+/// goes on, and a module swapped back in carries on with its own figures.
+#[tokio::test]
+async fn a_swapped_in_module_has_figures_of_its_own() {
+    let host = TestHost::start_single_with(|_| {}).await;
+    let alice = host.user().await;
+    let policy = |answer: &Value| {
+        answer["slots"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .find(|s| s["slot"] == "capability-policy")
+            .unwrap_or_else(|| panic!("capability-policy in {answer}"))
+            .clone()
+    };
+    let reload = async || {
+        let report = host
+            .admin_json(Method::POST, "/admin/policies/reload")
+            .await;
+        assert_eq!(report["ok"], true, "{report}");
+        policy(&host.admin_json(Method::GET, "/admin/policies").await)
+    };
+    assert!(host.put(&alice, "/pub/a", b"a").await.status().is_success());
+    let first = policy(&host.admin_json(Method::GET, "/admin/policies").await);
+    let builtin = first["blake3"].as_str().unwrap().to_owned();
+    assert_eq!(first["modules"].as_array().unwrap().len(), 1, "{first}");
+    let module = &first["modules"][0];
+    assert_eq!(
+        (&module["blake3"], &module["serving"], &module["loads"]),
+        (&first["blake3"], &Value::Bool(true), &Value::from(1)),
+        "{first}"
+    );
+    let builtin_calls = module["calls"]["count"].as_u64().unwrap();
+    assert!(builtin_calls >= 1, "{first}");
+    assert_eq!(module["calls"]["count"], first["calls"]["count"], "{first}");
+
+    // Swap in the deny-all guest; three writes ask it three times (writes are never
+    // answered from the cache).
+    let policies = host.dir.path().join("policies");
+    std::fs::create_dir_all(&policies).unwrap();
+    std::fs::copy(test_guest("deny_all"), policies.join("deny_all.wasm")).unwrap();
+    std::fs::write(
+        policies.join("policies.toml"),
+        "[capability-policy]\nmodule = \"deny_all.wasm\"\n",
+    )
+    .unwrap();
+    let swapped = reload().await;
+    let deny_all = swapped["blake3"].as_str().unwrap().to_owned();
+    assert_ne!(deny_all, builtin);
+    for i in 0..3 {
+        let path = format!("/pub/denied-{i}");
+        assert_eq!(host.put(&alice, &path, b"x").await.status(), 403);
+    }
+    let after = policy(&host.admin_json(Method::GET, "/admin/policies").await);
+    let modules = after["modules"].as_array().unwrap();
+    let figures: Vec<(&str, bool, u64)> = modules
+        .iter()
+        .map(|m| {
+            (
+                m["blake3"].as_str().unwrap(),
+                m["serving"].as_bool().unwrap(),
+                m["calls"]["count"].as_u64().unwrap(),
+            )
+        })
+        .collect();
+    assert_eq!(
+        figures,
+        [
+            (deny_all.as_str(), true, 3),
+            (builtin.as_str(), false, builtin_calls)
+        ],
+        "{after}"
+    );
+    assert_eq!(after["calls"]["count"], builtin_calls + 3, "{after}");
+    assert!(
+        modules[0]["source"]
+            .as_str()
+            .unwrap()
+            .ends_with("deny_all.wasm")
+    );
+    assert_eq!(modules[1]["source"], "builtin");
+    // The same in /metrics, labelled by module.
+    let series = |name: &str, module: &str| {
+        format!(r#"hs_guest_module_{name}{{slot="capability-policy",module="{module}"}}"#)
+    };
+    assert_eq!(
+        host.metric(&series("calls_total", &deny_all)).await,
+        Some(3.0)
+    );
+    assert_eq!(
+        host.metric(&series("calls_total", &builtin)).await,
+        Some(builtin_calls as f64)
+    );
+    assert_eq!(
+        host.metric(&format!(
+            r#"hs_guest_module_serving{{slot="capability-policy",module="{builtin}",source="builtin"}}"#
+        ))
+        .await,
+        Some(0.0)
+    );
+    assert_eq!(
+        host.metric(&format!(
+            r#"hs_guest_module_call_duration_seconds_count{{slot="capability-policy",module="{deny_all}"}}"#
+        ))
+        .await,
+        Some(3.0)
+    );
+
+    // Back to the built-in policy: its figures carry on, loaded twice now.
+    std::fs::remove_file(policies.join("policies.toml")).unwrap();
+    let back = reload().await;
+    assert_eq!(back["blake3"], builtin.as_str(), "{back}");
+    assert!(host.put(&alice, "/pub/b", b"b").await.status().is_success());
+    let last = policy(&host.admin_json(Method::GET, "/admin/policies").await);
+    let modules = last["modules"].as_array().unwrap();
+    assert_eq!(modules.len(), 2, "{last}");
+    assert_eq!(modules[0]["blake3"], builtin.as_str(), "{last}");
+    assert_eq!(modules[0]["loads"], 2, "{last}");
+    assert!(
+        modules[0]["calls"]["count"].as_u64().unwrap() > builtin_calls,
+        "{last}"
+    );
+    assert_eq!(modules[1]["serving"], false, "{last}");
+    assert_eq!(modules[1]["calls"]["count"], 3, "{last}");
+}

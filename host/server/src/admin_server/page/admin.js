@@ -638,7 +638,9 @@
   // guests' share of the cores (policies.guest_cpu_share) was used up.
   function cpuNode(c) {
     if (!c) return h('span', {class: 'muted'}, '–');
-    const cpu = h('span', null, `${c.cpu_ms} ms`);
+    // Per call too: the ticks are an estimate that adds up right over many calls.
+    const perCall = c.count ? ` (~${formatMs(c.cpu_ms / c.count)} a call)` : '';
+    const cpu = h('span', {title: 'guest CPU time, estimated from the 1 ms epoch ticks at which a call was running'}, `${c.cpu_ms} ms${perCall}`);
     if (!c.throttled_ms) return cpu;
     return h('span', null, cpu, h('span', {class: 'error-text', title: 'time its calls slept: guest calls had used up policies.guest_cpu_share'},
       ` (slowed ${formatMs(c.throttled_ms)})`));
@@ -650,8 +652,27 @@
     return h('span', {class: 'error-text'}, failed.map(([reason, n]) => `${reason} ${n}`).join(', '));
   }
 
+  // The modules the slot served before the serving one, each with its own figures.
+  function earlierModulesNode(s) {
+    const earlier = (s.modules || []).filter((m) => !m.serving);
+    if (!earlier.length) return null;
+    return h('details', {class: 'earlier-modules small'},
+      h('summary', null, `${earlier.length} earlier`),
+      h('ul', {class: 'plain-list'}, ...earlier.map((m) =>
+        h('li', {dataset: {blake3: m.blake3}},
+          h('code', {title: `${m.blake3}\n${m.source}`}, `${m.blake3.slice(0, 12)}…`),
+          ` ${m.calls.count} calls`,
+          m.calls.count ? `, p50 ${formatMs(m.calls.p50_ms)}, p99 ${formatMs(m.calls.p99_ms)}` : '',
+          `, CPU ${m.calls.cpu_ms} ms`))));
+  }
+
   function policyRow(s) {
     const err = s.last_error;
+    // The figures of the module serving now (a hot swap starts them afresh; the slot's
+    // since the process started are in the Calls cell's title).
+    const serving = (s.modules || []).find((m) => m.serving);
+    const c = serving ? serving.calls : s.calls;
+    const sinceStart = s.calls ? `all modules since this process started: ${s.calls.count} calls, CPU ${s.calls.cpu_ms} ms` : '';
     return h('tr', {dataset: {slot: s.slot}, class: s.serving ? '' : 'is-problem'},
       h('td', {'data-label': 'Slot', class: 'nowrap'}, h('strong', null, s.slot)),
       h('td', {'data-label': 'Called by', class: 'called-by'}, s.called_by === 'homeserver'
@@ -665,14 +686,15 @@
       h('td', {'data-label': 'Source', class: 'wrap'},
         h('span', null, s.source ? h('code', null, s.source) : h('span', {class: 'muted'}, '–'),
           s.from_cache ? h('span', {class: 'muted small', title: 'compiled code came from the guest cache'}, ' (cached)') : null)),
-      h('td', {'data-label': 'BLAKE3'}, s.blake3 ? h('code', {title: s.blake3}, `${s.blake3.slice(0, 12)}…`) : h('span', {class: 'muted'}, '–')),
+      h('td', {'data-label': 'BLAKE3'}, s.blake3 ? h('code', {title: s.blake3}, `${s.blake3.slice(0, 12)}…`) : h('span', {class: 'muted'}, '–'),
+        earlierModulesNode(s)),
       h('td', {'data-label': 'WIT'}, s.wit_version || '–'),
       h('td', {'data-label': 'Loaded'}, timeNode(s.loaded_at)),
-      h('td', {'data-label': 'Calls', class: 'calls'}, s.calls ? String(s.calls.count) : '–'),
-      h('td', {'data-label': 'Latency', class: 'nowrap'}, latencyNode(s.calls)),
-      h('td', {'data-label': 'Failures', class: 'failures'}, failuresNode(s.calls)),
-      h('td', {'data-label': 'Memory peak', class: 'memory-peak'}, formatBytes(s.calls && s.calls.memory_high_water_bytes)),
-      h('td', {'data-label': 'CPU', class: 'cpu nowrap'}, cpuNode(s.calls)),
+      h('td', {'data-label': 'Calls', class: 'calls', title: sinceStart}, c ? String(c.count) : '–'),
+      h('td', {'data-label': 'Latency', class: 'nowrap'}, latencyNode(c)),
+      h('td', {'data-label': 'Failures', class: 'failures'}, failuresNode(c)),
+      h('td', {'data-label': 'Memory peak', class: 'memory-peak'}, formatBytes(c && c.memory_high_water_bytes)),
+      h('td', {'data-label': 'CPU', class: 'cpu nowrap'}, cpuNode(c)),
       h('td', {'data-label': 'Last error', class: 'wrap'},
         err ? h('span', {class: 'error-text'}, err, s.last_error_at ? h('span', {class: 'muted small'}, ` (${formatTime(s.last_error_at)})`) : null)
           : h('span', {class: 'muted'}, 'none')));
