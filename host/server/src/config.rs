@@ -50,6 +50,10 @@ pub struct HttpConfig {
     /// Event streams (`/events-stream`) one client address may have open at once;
     /// 0 = no limit of their own.
     pub max_streams_per_ip: usize,
+    /// An event stream writes at most once per this many ms: events that come in
+    /// meanwhile go out together in the next write (one after a quiet spell goes out at
+    /// once). 0 = every batch at once.
+    pub event_stream_write_interval_ms: u64,
     /// Seconds an upload may send no body bytes before it is dropped.
     pub body_idle_timeout_secs: u64,
     /// Seconds a whole upload may take, however steadily it sends.
@@ -538,6 +542,12 @@ impl Config {
                 crate::persistence::values::MAX_INLINE_BYTES
             ));
         }
+        if self.http.event_stream_write_interval_ms > 1000 {
+            problems.push(format!(
+                "{} must be at most 1000 (events would wait over a second to go out)",
+                name("http.event_stream_write_interval_ms")
+            ));
+        }
         // Beyond wasm32's 4 GiB a limit means nothing; a thread count like this is a typo.
         if self.policies.memory_limit_mb > 4096 {
             problems.push(format!(
@@ -829,6 +839,30 @@ mod tests {
             jail.clear_env();
             jail.set_env("HOMESERVER__LOGGING__ACCESS", "false");
             assert!(!Config::load(None).unwrap().logging.access);
+            Ok(())
+        });
+    }
+
+    #[test]
+    fn an_event_stream_write_interval_over_a_second_is_refused() {
+        figment::Jail::expect_with(|_| {
+            let dir = tempfile::tempdir().unwrap();
+            let path = dir.path().join("c.toml");
+            std::fs::write(&path, "[http]\nevent_stream_write_interval_ms = 5000\n").unwrap();
+            let err = Config::load(Some(&path)).unwrap_err().to_string();
+            assert!(
+                err.contains("event_stream_write_interval_ms (in")
+                    && err.contains("must be at most 1000"),
+                "{err}"
+            );
+            std::fs::write(&path, "[http]\nevent_stream_write_interval_ms = 0\n").unwrap();
+            assert_eq!(
+                Config::load(Some(&path))
+                    .unwrap()
+                    .http
+                    .event_stream_write_interval_ms,
+                0
+            );
             Ok(())
         });
     }

@@ -85,20 +85,28 @@ pub async fn stream(State(app): State<AppState>, request: Request) -> Response {
     // clients) passes the stream's start on at once, so a client (an EventSource's
     // `open`) does not wait up to 15 s to learn it is subscribed.
     let keep_alive = tokio::time::interval(KEEP_ALIVE);
+    let write_interval = Duration::from_millis(app.config.http.event_stream_write_interval_ms);
     // The body streams after this handler has returned, outside the request's span: its
     // one warning names the request id itself (a header value carried along, not the
     // span kept alive for the stream's lifetime).
     let request_id = request.headers().get(REQUEST_ID_HEADER).cloned();
     // The slot goes back when the body is dropped (the client left, or shutdown).
     let body = futures_util::stream::unfold(
-        (Box::pin(batches), keep_alive, slot, false, request_id),
-        |(mut batches, mut keep_alive, slot, failed, request_id)| async move {
+        (Box::pin(batches), keep_alive, slot, false, request_id, None),
+        move |(mut batches, mut keep_alive, slot, failed, request_id, last_write)| async move {
             // The error event was the last one: end the stream (the client resumes
             // from the last id it got).
             if failed {
                 return None;
             }
+            // At most one write of events per `http.event_stream_write_interval_ms`:
+            // what came in meanwhile goes out together (an event after a quiet spell,
+            // keep-alive comments included, at once).
+            if let Some(at) = last_write {
+                tokio::time::sleep_until(at + write_interval).await;
+            }
             let mut failed = false;
+            let mut events_written = false;
             let chunk = tokio::select! {
                 batch = batches.next() => match batch? {
                     Ok(events) => {
@@ -108,6 +116,7 @@ pub async fn stream(State(app): State<AppState>, request: Request) -> Response {
                             chunk.extend_from_slice(&event.frame);
                         }
                         keep_alive.reset();
+                        events_written = true;
                         chunk.freeze()
                     }
                     Err(e) => {
@@ -123,9 +132,14 @@ pub async fn stream(State(app): State<AppState>, request: Request) -> Response {
                 },
                 _ = keep_alive.tick() => Bytes::from_static(b":\n\n"),
             };
+            let last_write = if events_written && !write_interval.is_zero() {
+                Some(tokio::time::Instant::now())
+            } else {
+                last_write
+            };
             Some((
                 Ok::<_, Infallible>(chunk),
-                (batches, keep_alive, slot, failed, request_id),
+                (batches, keep_alive, slot, failed, request_id, last_write),
             ))
         },
     );

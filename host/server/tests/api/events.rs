@@ -472,3 +472,41 @@ async fn last_event_id_resumes_a_reconnecting_event_source() {
     let (rest, _) = read_sse(r, None, Duration::from_secs(5)).await;
     assert_eq!(rest, all[3..]);
 }
+
+/// `http.event_stream_write_interval_ms`: an event after a quiet spell goes out in a
+/// write of its own, and events that come in within the interval after a write go out
+/// together in the next one (one body chunk), none lost.
+#[tokio::test]
+async fn a_busy_stream_sends_what_came_in_meanwhile_in_one_write() {
+    let host = TestHost::start_with(|c| c.http.event_stream_write_interval_ms = 1000).await;
+    let alice = host.user().await;
+    let a = alice.public_key().to_z32();
+    let response = stream(&host, &format!("user={a}&live=true")).await;
+    assert_eq!(response.status(), 200);
+    let mut chunks = response.bytes_stream();
+    // Reads body chunks until one names `path`; returns that chunk.
+    let mut chunk_with = async |path: &str| loop {
+        let chunk = tokio::time::timeout(Duration::from_secs(10), chunks.next())
+            .await
+            .unwrap_or_else(|_| panic!("no chunk with {path} within 10 s"))
+            .expect("the stream ended")
+            .unwrap();
+        let text = String::from_utf8(chunk.to_vec()).unwrap();
+        if text.contains(path) {
+            return text;
+        }
+    };
+    assert_eq!(host.put(&alice, "/pub/c/0", b"0").await.status(), 200);
+    let first = chunk_with("/pub/c/0").await;
+    assert_eq!(
+        first.matches("\nid: ").count() + first.starts_with("id: ") as usize,
+        1
+    );
+    // Two more right after: held until a second after the first write, then together.
+    for i in 1..=2 {
+        let path = format!("/pub/c/{i}");
+        assert_eq!(host.put(&alice, &path, b"x").await.status(), 200);
+    }
+    let together = chunk_with("/pub/c/1").await;
+    assert!(together.contains("/pub/c/2"), "{together}");
+}
