@@ -50,9 +50,9 @@ pub struct HttpConfig {
     /// Event streams (`/events-stream`) one client address may have open at once;
     /// 0 = no limit of their own.
     pub max_streams_per_ip: usize,
-    /// An event stream writes at most once per this many ms: events that come in
-    /// meanwhile go out together in the next write (one after a quiet spell goes out at
-    /// once). 0 = every batch at once.
+    /// A live event stream, caught up with its history, writes at most once per this
+    /// many ms: events that come in meanwhile go out together in the next write (one
+    /// after a quiet spell goes out at once). 0 = every batch at once.
     pub event_stream_write_interval_ms: u64,
     /// Seconds an upload may send no body bytes before it is dropped.
     pub body_idle_timeout_secs: u64,

@@ -73,6 +73,8 @@ pub async fn stream(State(app): State<AppState>, request: Request) -> Response {
     // out (before `limit` counts them).
     let mut subscription = subscription;
     subscription.visible = Some(app.access.public_filter());
+    subscription.live_interval =
+        Duration::from_millis(app.config.http.event_stream_write_interval_ms);
     let batches = match app.events.subscribe(subscription).await {
         Ok(b) => b,
         Err(e) => return ApiError::from(e).into_response(),
@@ -85,28 +87,20 @@ pub async fn stream(State(app): State<AppState>, request: Request) -> Response {
     // clients) passes the stream's start on at once, so a client (an EventSource's
     // `open`) does not wait up to 15 s to learn it is subscribed.
     let keep_alive = tokio::time::interval(KEEP_ALIVE);
-    let write_interval = Duration::from_millis(app.config.http.event_stream_write_interval_ms);
     // The body streams after this handler has returned, outside the request's span: its
     // one warning names the request id itself (a header value carried along, not the
     // span kept alive for the stream's lifetime).
     let request_id = request.headers().get(REQUEST_ID_HEADER).cloned();
     // The slot goes back when the body is dropped (the client left, or shutdown).
     let body = futures_util::stream::unfold(
-        (Box::pin(batches), keep_alive, slot, false, request_id, None),
-        move |(mut batches, mut keep_alive, slot, failed, request_id, last_write)| async move {
+        (Box::pin(batches), keep_alive, slot, false, request_id),
+        |(mut batches, mut keep_alive, slot, failed, request_id)| async move {
             // The error event was the last one: end the stream (the client resumes
             // from the last id it got).
             if failed {
                 return None;
             }
-            // At most one write of events per `http.event_stream_write_interval_ms`:
-            // what came in meanwhile goes out together (an event after a quiet spell,
-            // keep-alive comments included, at once).
-            if let Some(at) = last_write {
-                tokio::time::sleep_until(at + write_interval).await;
-            }
             let mut failed = false;
-            let mut events_written = false;
             let chunk = tokio::select! {
                 batch = batches.next() => match batch? {
                     Ok(events) => {
@@ -116,7 +110,6 @@ pub async fn stream(State(app): State<AppState>, request: Request) -> Response {
                             chunk.extend_from_slice(&event.frame);
                         }
                         keep_alive.reset();
-                        events_written = true;
                         chunk.freeze()
                     }
                     Err(e) => {
@@ -132,14 +125,9 @@ pub async fn stream(State(app): State<AppState>, request: Request) -> Response {
                 },
                 _ = keep_alive.tick() => Bytes::from_static(b":\n\n"),
             };
-            let last_write = if events_written && !write_interval.is_zero() {
-                Some(tokio::time::Instant::now())
-            } else {
-                last_write
-            };
             Some((
                 Ok::<_, Infallible>(chunk),
-                (batches, keep_alive, slot, failed, request_id, last_write),
+                (batches, keep_alive, slot, failed, request_id),
             ))
         },
     );

@@ -147,6 +147,11 @@ pub struct Subscription {
     /// The public's view (event streams are public): events of paths the policy hides
     /// are left out before `limit` counts them. `None`: every event.
     pub visible: Option<PublicFilter>,
+    /// Once a live subscription has caught up with its history, it hands on a batch at
+    /// most once per this interval: the events that come in meanwhile go together in
+    /// the next (`http.event_stream_write_interval_ms`; one write each for the stream).
+    /// The first after a quiet spell goes at once; history is never held back.
+    pub live_interval: Duration,
 }
 
 impl Subscription {
@@ -175,6 +180,7 @@ impl Subscription {
             live: query.live,
             reverse: query.reverse,
             visible: None,
+            live_interval: Duration::ZERO,
         }
     }
 
@@ -429,6 +435,7 @@ impl EventHub {
             remaining: subscription.limit,
             head_rx: self.head.subscribe(),
             done: false,
+            last_live: None,
             subscription,
         };
         Ok(futures_util::stream::unfold(
@@ -458,6 +465,8 @@ struct Cursoring {
     remaining: Option<u32>,
     head_rx: watch::Receiver<u64>,
     done: bool,
+    /// When the last live batch (one past the history's end) was handed on.
+    last_live: Option<tokio::time::Instant>,
 }
 
 impl Cursoring {
@@ -512,6 +521,18 @@ impl Cursoring {
             } else {
                 self.end
             };
+            // Caught up with the history: live batches are paced by `live_interval`.
+            let live = self.subscription.live && self.pos >= self.end;
+            if live
+                && let Some(at) = self.last_live
+                && at.elapsed() < self.subscription.live_interval
+            {
+                // Not raced against shutdown: the wait is short (at most a second), and
+                // a cancellation waiter per wait costs every subscriber a lock on the
+                // token's shared list, many times a second under a steady flow.
+                tokio::time::sleep_until(at + self.subscription.live_interval).await;
+                continue;
+            }
             if self.pos >= target {
                 if !self.subscription.live {
                     return None;
@@ -563,7 +584,12 @@ impl Cursoring {
             };
             match self.take(batch).await {
                 Ok(batch) if batch.is_empty() => {}
-                Ok(batch) => return Some(Ok(batch)),
+                Ok(batch) => {
+                    if live && !self.subscription.live_interval.is_zero() {
+                        self.last_live = Some(tokio::time::Instant::now());
+                    }
+                    return Some(Ok(batch));
+                }
                 Err(e) => return Some(Err(e)),
             }
         }
@@ -682,6 +708,7 @@ mod tests {
             live,
             reverse: false,
             visible,
+            live_interval: Duration::ZERO,
         }
     }
 
