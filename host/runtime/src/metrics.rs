@@ -269,7 +269,11 @@ impl Collector for GuestCollector {
                     if m.serving { 1.0 } else { 0.0 },
                 ));
                 module_calls.push(counter_metric(&module, s.calls as f64));
+                // `unavailable` is the slot's (no module served): never a module's.
                 for (reason, n) in s.failures.by_reason() {
+                    if reason == "unavailable" {
+                        continue;
+                    }
                     module_failures.push(counter_metric(
                         &[("slot", slot), ("module", &m.blake3), ("reason", reason)],
                         n as f64,

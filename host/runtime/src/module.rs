@@ -367,7 +367,8 @@ impl LoadedModule {
     /// From now on, this module's calls are counted in `figures` too (the runtime's
     /// cell for its hash). Set once: a module is swapped into one slot of one runtime.
     pub(crate) fn count_in(&self, figures: Arc<StatsCell>) {
-        let _ = self.figures.set(figures);
+        let first = self.figures.set(figures).is_ok();
+        debug_assert!(first, "a module is swapped in once");
     }
 
     /// This module's own figures, once it is counted (see [`Self::count_in`]).

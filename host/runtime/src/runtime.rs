@@ -180,7 +180,9 @@ pub struct SlotStatus {
 }
 
 /// Modules whose figures a slot keeps (the serving one and those before it); the
-/// oldest swapped-in beyond it is forgotten (its series leave `/metrics`).
+/// oldest swapped-in beyond it is forgotten (its series leave `/metrics`). The admin
+/// API's schema says so too (`maxItems` of `modules` in openapi/admin.json; the server's
+/// `admin_api` tests check it against this constant).
 pub const MODULES_KEPT: usize = 8;
 
 /// One module's figures in a slot, kept across swaps (see [`ModuleStats`]).
@@ -223,7 +225,10 @@ impl SlotCell {
     /// Swaps `module` in, counting its calls in the figures of its hash (those of an
     /// earlier load of the same module carry on).
     fn swap_in(&self, module: Arc<LoadedModule>) {
-        if let Ok(mut modules) = self.modules.lock() {
+        // The swap happens under the lock `module_stats` reads under, so a reader never
+        // sees the new module listed but another one serving.
+        let mut modules = self.modules.lock();
+        if let Ok(modules) = modules.as_mut() {
             let hash = module.info.module_hash;
             let mut figures = match modules.iter().position(|m| m.hash == hash) {
                 Some(i) => modules.remove(i),
@@ -242,15 +247,16 @@ impl SlotCell {
             modules.truncate(MODULES_KEPT);
         }
         self.current.store(Some(module));
+        drop(modules);
         self.stats.record_reload(true);
     }
 
     /// Each kept module's figures, the last swapped in first.
     fn module_stats(&self) -> Vec<ModuleStats> {
-        let serving = self.current.load().as_ref().map(|m| m.info.module_hash);
         let Ok(modules) = self.modules.lock() else {
             return Vec::new();
         };
+        let serving = self.current.load().as_ref().map(|m| m.info.module_hash);
         modules
             .iter()
             .map(|m| ModuleStats {

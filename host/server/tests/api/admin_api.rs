@@ -531,4 +531,18 @@ async fn a_swapped_in_module_has_figures_of_its_own() {
     );
     assert_eq!(modules[1]["serving"], false, "{last}");
     assert_eq!(modules[1]["calls"]["count"], 3, "{last}");
+    // The module's series have no `unavailable` failure (that one is the slot's).
+    assert_eq!(
+        host.metric(&format!(
+            r#"hs_guest_module_call_failures_total{{slot="capability-policy",module="{deny_all}",reason="unavailable"}}"#
+        ))
+        .await,
+        None
+    );
+    // The schema says how many modules a slot lists at most: the runtime's bound.
+    let schema: Value = serde_json::from_str(include_str!("../../openapi/admin.json")).unwrap();
+    assert_eq!(
+        schema["components"]["schemas"]["SlotStatus"]["properties"]["modules"]["maxItems"],
+        homeserver_runtime::MODULES_KEPT
+    );
 }
