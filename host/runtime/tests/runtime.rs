@@ -1038,6 +1038,15 @@ fn async_calls_wait_for_a_place_then_fail_closed() {
         .unwrap();
     assert_eq!(policy.failures.busy, 1 + busy_again);
     assert_eq!(policy.failures.timeout, 1);
+    // The serving module's own figures count the same failures (busy too: it was its
+    // calls that held every place).
+    let modules = runtime.module_stats();
+    let serving = modules
+        .iter()
+        .find(|(slot, _)| *slot == Slot::CapabilityPolicy)
+        .and_then(|(_, modules)| modules.iter().find(|m| m.serving))
+        .unwrap();
+    assert_eq!(serving.stats.failures, policy.failures);
 }
 
 /// Async calls together are held to `guest_cpu_share`: four calls of a policy that
