@@ -150,7 +150,8 @@ pub struct Subscription {
     /// Once a live subscription has caught up with its history, it hands on a batch at
     /// most once per this interval: the events that come in meanwhile go together in
     /// the next (`http.event_stream_write_interval_ms`; one write each for the stream).
-    /// The first after a quiet spell goes at once; history is never held back.
+    /// The first after a quiet spell goes at once; history, and the database pages of
+    /// a subscriber that fell behind the ring, are never held back.
     pub live_interval: Duration,
 }
 
@@ -547,6 +548,9 @@ impl Cursoring {
                 }
                 continue;
             }
+            // Pages read from the database are a subscriber catching up (it fell behind
+            // the ring): they are not paced, only what the ring hands on live is.
+            let mut from_ring = true;
             let batch = match self.hub.ring_window(self.pos, target) {
                 Some(events) => {
                     self.pos = target;
@@ -556,6 +560,7 @@ impl Cursoring {
                         .collect::<Vec<_>>()
                 }
                 None => {
+                    from_ring = false;
                     let rows = self
                         .hub
                         .metadata
@@ -585,7 +590,7 @@ impl Cursoring {
             match self.take(batch).await {
                 Ok(batch) if batch.is_empty() => {}
                 Ok(batch) => {
-                    if live && !self.subscription.live_interval.is_zero() {
+                    if live && from_ring && !self.subscription.live_interval.is_zero() {
                         self.last_live = Some(tokio::time::Instant::now());
                     }
                     return Some(Ok(batch));
