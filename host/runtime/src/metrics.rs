@@ -203,6 +203,34 @@ fn histogram_metric(pairs: &[(&str, &str)], s: &SlotStats) -> Metric {
     m
 }
 
+/// The call series a slot and a module both have, for one set of labels each.
+#[derive(Default)]
+struct CallSeries {
+    calls: Vec<Metric>,
+    failures: Vec<Metric>,
+    durations: Vec<Metric>,
+    memory: Vec<Metric>,
+    ticks: Vec<Metric>,
+}
+
+impl CallSeries {
+    /// `s`'s figures under `pairs`; failures also by `reason`, for the reasons `keep`s.
+    fn push(&mut self, pairs: &[(&str, &str)], s: &SlotStats, keep: impl Fn(&str) -> bool) {
+        self.calls.push(counter_metric(pairs, s.calls as f64));
+        for (reason, n) in s.failures.by_reason() {
+            if keep(reason) {
+                let mut with_reason = pairs.to_vec();
+                with_reason.push(("reason", reason));
+                self.failures.push(counter_metric(&with_reason, n as f64));
+            }
+        }
+        self.durations.push(histogram_metric(pairs, s));
+        self.memory
+            .push(gauge_metric(pairs, s.memory_high_water_bytes as f64));
+        self.ticks.push(counter_metric(pairs, s.epoch_ticks as f64));
+    }
+}
+
 fn family(name: &str, help: &str, kind: MetricType, metrics: Vec<Metric>) -> MetricFamily {
     let mut f = MetricFamily::default();
     f.set_name(name.into());
@@ -218,27 +246,15 @@ impl Collector for GuestCollector {
     }
 
     fn collect(&self) -> Vec<MetricFamily> {
-        let stats = self.runtime.stats();
-        let mut calls = Vec::new();
-        let mut failures = Vec::new();
-        let mut durations = Vec::new();
+        let mut slots = CallSeries::default();
         let mut reloads = Vec::new();
-        let mut memory = Vec::new();
-        let mut ticks = Vec::new();
         let mut throttled = Vec::new();
         let mut cancelled = Vec::new();
-        for s in &stats {
+        for s in &self.runtime.stats() {
             let slot = s.slot.name();
-            calls.push(counter_metric(&[("slot", slot)], s.calls as f64));
-            ticks.push(counter_metric(&[("slot", slot)], s.epoch_ticks as f64));
+            slots.push(&[("slot", slot)], s, |_| true);
             cancelled.push(counter_metric(&[("slot", slot)], s.cancelled as f64));
             throttled.push(counter_metric(&[("slot", slot)], s.throttled_seconds));
-            for (reason, n) in s.failures.by_reason() {
-                failures.push(counter_metric(
-                    &[("slot", slot), ("reason", reason)],
-                    n as f64,
-                ));
-            }
             reloads.push(counter_metric(
                 &[("slot", slot), ("result", "ok")],
                 s.reloads.saturating_sub(s.reload_failures) as f64,
@@ -247,59 +263,40 @@ impl Collector for GuestCollector {
                 &[("slot", slot), ("result", "failed")],
                 s.reload_failures as f64,
             ));
-            memory.push(gauge_metric(
-                &[("slot", slot)],
-                s.memory_high_water_bytes as f64,
-            ));
-            durations.push(histogram_metric(&[("slot", slot)], s));
         }
         let mut serving = Vec::new();
-        let mut module_calls = Vec::new();
-        let mut module_failures = Vec::new();
-        let mut module_durations = Vec::new();
-        let mut module_ticks = Vec::new();
-        let mut module_memory = Vec::new();
-        for (slot, modules) in self.runtime.module_stats() {
+        let mut modules = CallSeries::default();
+        for (slot, kept) in self.runtime.module_stats() {
             let slot = slot.name();
-            for m in &modules {
-                let s = &m.stats;
-                let module = [("slot", slot), ("module", m.blake3.as_str())];
+            for m in &kept {
                 serving.push(gauge_metric(
                     &[("slot", slot), ("module", &m.blake3), ("source", &m.source)],
                     if m.serving { 1.0 } else { 0.0 },
                 ));
-                module_calls.push(counter_metric(&module, s.calls as f64));
                 // `unavailable` is the slot's (no module served): never a module's.
-                for (reason, n) in s.failures.by_reason() {
-                    if reason == "unavailable" {
-                        continue;
-                    }
-                    module_failures.push(counter_metric(
-                        &[("slot", slot), ("module", &m.blake3), ("reason", reason)],
-                        n as f64,
-                    ));
-                }
-                module_durations.push(histogram_metric(&module, s));
-                module_ticks.push(counter_metric(&module, s.epoch_ticks as f64));
-                module_memory.push(gauge_metric(&module, s.memory_high_water_bytes as f64));
+                modules.push(
+                    &[("slot", slot), ("module", &m.blake3)],
+                    &m.stats,
+                    |reason| reason != "unavailable",
+                );
             }
         }
         // In the order of SERIES, then MODULE_SERIES.
         let metrics = [
-            calls,
-            failures,
-            durations,
+            slots.calls,
+            slots.failures,
+            slots.durations,
             reloads,
-            memory,
+            slots.memory,
             cancelled,
-            ticks,
+            slots.ticks,
             throttled,
             serving,
-            module_calls,
-            module_failures,
-            module_durations,
-            module_ticks,
-            module_memory,
+            modules.calls,
+            modules.failures,
+            modules.durations,
+            modules.ticks,
+            modules.memory,
         ];
         SERIES
             .iter()
