@@ -510,13 +510,28 @@ impl PolicyRuntime {
         requests: Vec<AuthorizeRequest>,
     ) -> Result<Vec<Decision>, GuestFailure> {
         let module = self.module(Slot::CapabilityPolicy);
-        let mut answers: Vec<Option<Decision>> = requests
+        let answers: Vec<Option<Decision>> = requests
             .iter()
             .map(|req| module.as_ref().and_then(|m| m.known_decision(req)))
             .collect();
         if answers.iter().all(Option::is_some) {
             return Ok(answers.into_iter().flatten().collect());
         }
+        // Boxed: the guest call's future is several KiB, and every future that awaits
+        // this one (a request's whole chain of handlers) would carry that size and copy
+        // it at each level even when the answer was known (docs/BENCHMARKS.md
+        // "Smaller request futures").
+        Box::pin(self.ask_unanswered(module, requests, answers)).await
+    }
+
+    /// The rest of [`authorize_many_isolated`](Self::authorize_many_isolated): what no
+    /// cached answer covered, asked of the guest (or of the first asker of a question).
+    async fn ask_unanswered(
+        self: &Arc<Self>,
+        module: Option<Arc<LoadedModule>>,
+        requests: Vec<AuthorizeRequest>,
+        mut answers: Vec<Option<Decision>>,
+    ) -> Result<Vec<Decision>, GuestFailure> {
         let mut placeholders = Vec::new();
         if let Some(module) = &module {
             let mut open: BTreeMap<ReadQuestion, Vec<usize>> = BTreeMap::new();
