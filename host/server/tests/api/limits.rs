@@ -134,6 +134,47 @@ async fn zero_quota_is_unlimited() {
     }
 }
 
+/// A value declared small enough for its entry's row is refused by the commit (no
+/// database read before its body); a larger one before its body is read. Both answer
+/// alike, store nothing and spend the signature.
+#[tokio::test]
+async fn small_and_large_writes_are_refused_alike() {
+    let host = TestHost::start_with(|c| c.storage.quota_bytes = 20_000).await;
+    let alice = host.user().await;
+    expect_ok_json::<PutResult>(host.put(&alice, "/pub/a", &[1; 10_000]).await).await;
+    let small = vec![2u8; 12_000]; // under the 16 KiB inline limit
+    let large = vec![3u8; 17_000];
+    for (path, body) in [("/pub/small", &small), ("/pub/large", &large)] {
+        let ts = now();
+        let r = host
+            .signed_at(&alice, Method::PUT, path, body, ts)
+            .send()
+            .await
+            .unwrap();
+        expect_error(r, 507, ErrorCode::StorageQuotaExceeded).await;
+        expect_error(host.get(&alice, path).await, 404, ErrorCode::NotFound).await;
+        // Refused, the signature is spent all the same.
+        let r = host
+            .signed_at(&alice, Method::PUT, path, body, ts)
+            .send()
+            .await
+            .unwrap();
+        expect_error(r, 401, ErrorCode::InvalidSignature).await;
+    }
+    // A key that never signed up: 403 either way, nothing stored.
+    let stranger = homeserver_protocol::Keypair::random();
+    for (path, body) in [("/pub/small", &small), ("/pub/large", &large)] {
+        expect_error(
+            host.put(&stranger, path, body).await,
+            403,
+            ErrorCode::InsufficientPermissions,
+        )
+        .await;
+    }
+    let account: serde_json::Value = expect_ok_json(host.get(&alice, "/account").await).await;
+    assert_eq!(account["used_bytes"], 10_000, "{account}");
+}
+
 #[tokio::test]
 async fn precedence_credentials_before_size_and_quota() {
     let host = TestHost::start_with(|c| c.storage.quota_bytes = 10).await;
