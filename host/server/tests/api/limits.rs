@@ -144,22 +144,21 @@ async fn small_and_large_writes_are_refused_alike() {
     expect_ok_json::<PutResult>(host.put(&alice, "/pub/a", &[1; 10_000]).await).await;
     let small = vec![2u8; 12_000]; // under the 16 KiB inline limit
     let large = vec![3u8; 17_000];
+    let (host_ref, alice_ref) = (&host, &alice);
     for (path, body) in [("/pub/small", &small), ("/pub/large", &large)] {
+        // The same signed request each time it is sent.
         let ts = now();
-        let r = host
-            .signed_at(&alice, Method::PUT, path, body, ts)
-            .send()
-            .await
-            .unwrap();
-        expect_error(r, 507, ErrorCode::StorageQuotaExceeded).await;
+        let send = move || async move {
+            host_ref
+                .signed_at(alice_ref, Method::PUT, path, body, ts)
+                .send()
+                .await
+                .unwrap()
+        };
+        expect_error(send().await, 507, ErrorCode::StorageQuotaExceeded).await;
         expect_error(host.get(&alice, path).await, 404, ErrorCode::NotFound).await;
         // Refused, the signature is spent all the same.
-        let r = host
-            .signed_at(&alice, Method::PUT, path, body, ts)
-            .send()
-            .await
-            .unwrap();
-        expect_error(r, 401, ErrorCode::InvalidSignature).await;
+        expect_error(send().await, 401, ErrorCode::InvalidSignature).await;
     }
     // A key that never signed up: 403 either way, nothing stored.
     let stranger = homeserver_protocol::Keypair::random();
