@@ -195,13 +195,14 @@ impl_with_deadline! {
     }
     delegate_mut(self) {
         fn insert_replay_mark(mark: ReplayMark) -> bool;
+        fn insert_replay_marks(marks: &[ReplayMark]) -> Vec<[u8; 32]>;
         fn lock_user(public_key: &str) -> Option<UserRecord>;
         fn insert_user(public_key: &str, now: i64, signup_token: Option<&str>) -> bool;
         fn delete_user(public_key: &str) -> ();
         fn set_usage(public_key: &str, used_bytes: u64, last_activity: i64) -> ();
         fn redeem_signup_token(token: &str, public_key: &str, now: i64) -> TokenRedemption;
         fn entry(user: &str, path: &str) -> Option<EntryRecord>;
-        fn put_entry(user: &str, entry: &EntryRecord) -> ();
+        fn put_entries(entries: &[(&str, &EntryRecord)]) -> ();
         fn remove_entry(user: &str, path: &str) -> Option<EntryRecord>;
         fn remove_all_entries(user: &str) -> Vec<EntryRecord>;
         fn insert_session(session: &SessionRecord) -> ();

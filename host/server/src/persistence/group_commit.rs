@@ -3,10 +3,11 @@
 //!
 //! [`CommitQueue`] sits in front of a store (the store front of `front` owns one). Every
 //! procedure is queued for one writer task, which takes everything waiting (up to
-//! [`MAX_BATCH`]), runs the procedures one after the other in a single transaction,
-//! appends all their events at the end, commits once, and only then answers each caller
-//! with its own outcome. So an answer still means "durable": nobody hears back before
-//! the commit that holds their write.
+//! [`MAX_BATCH`]), runs the procedures one after the other in a single transaction
+//! (through a `batch_tx::BatchTx`: their replay marks recorded first in one statement,
+//! what they write alike sent once at the end, their events last), commits once, and
+//! only then answers each caller with its own outcome. So an answer still means
+//! "durable": nobody hears back before the commit that holds their write.
 //!
 //! Why it is safe: a procedure never needs a rollback (a refusal changes only the replay
 //! mark, see `rules`), so procedures of different requests can share a transaction; each
@@ -26,13 +27,10 @@
 use std::sync::Arc;
 
 use async_trait::async_trait;
-use homeserver_protocol::event::EventKind;
 use tokio::sync::{mpsc, oneshot};
 
-use super::metadata::{
-    EntryRecord, MetadataStore, NewEvent, Procedure, ProcedureOutput, ReplayMark, SessionRecord,
-    StoreError, TokenRedemption, UserRecord, WriteTx,
-};
+use super::batch_tx::BatchTx;
+use super::metadata::{MetadataStore, Procedure, ProcedureOutput, ReplayMark, StoreError, WriteTx};
 
 /// Procedures in one transaction at most.
 pub const MAX_BATCH: usize = 256;
@@ -156,137 +154,25 @@ async fn run_alone(
     Ok(output)
 }
 
-/// Runs every job's procedure in one transaction; their events go in at the end.
+/// Runs every job's procedure in one transaction, through a [`BatchTx`]: what they
+/// write alike (entries, usage, retired blobs, events) is sent at the end.
 async fn run_batch(
     store: &dyn Transactions,
     batch: &[Job],
 ) -> Result<Vec<ProcedureOutput>, BatchError> {
     let steps = async {
-        let mut tx = EventsLast {
-            inner: store.begin_write().await?,
-            events: Vec::new(),
-        };
+        let mut tx = BatchTx::new(store.begin_write().await?);
+        let marks: Vec<ReplayMark> = batch.iter().filter_map(|j| j.procedure.replay).collect();
+        tx.spend_first(&marks).await?;
         let mut outputs = Vec::with_capacity(batch.len());
         for job in batch {
             outputs.push((job.procedure.run)(&mut tx).await?);
         }
-        let EventsLast { mut inner, events } = tx;
-        let events: Vec<NewEvent<'_>> = events.iter().map(OwnedEvent::borrowed).collect();
-        inner.append_events(&events).await?;
-        Ok::<_, StoreError>((inner, outputs))
+        Ok::<_, StoreError>((tx.finish().await?, outputs))
     };
     let (tx, outputs) = steps.await.map_err(BatchError::BeforeCommit)?;
     tx.commit().await.map_err(BatchError::AtCommit)?;
     Ok(outputs)
-}
-
-/// An event kept until the batch's end.
-struct OwnedEvent {
-    user: String,
-    path: String,
-    kind: EventKind,
-    content_hash: Option<[u8; 32]>,
-    created_at: i64,
-}
-
-impl OwnedEvent {
-    fn borrowed(&self) -> NewEvent<'_> {
-        NewEvent {
-            user: &self.user,
-            path: &self.path,
-            kind: self.kind,
-            content_hash: self.content_hash,
-            created_at: self.created_at,
-        }
-    }
-}
-
-/// A batch's transaction: every step goes through, but events are kept and appended
-/// after the last procedure (in order), so cursor assignment stays the last step.
-struct EventsLast {
-    inner: Box<dyn WriteTx>,
-    events: Vec<OwnedEvent>,
-}
-
-#[async_trait]
-impl WriteTx for EventsLast {
-    async fn insert_replay_mark(&mut self, mark: ReplayMark) -> Result<bool, StoreError> {
-        self.inner.insert_replay_mark(mark).await
-    }
-    async fn lock_user(&mut self, public_key: &str) -> Result<Option<UserRecord>, StoreError> {
-        self.inner.lock_user(public_key).await
-    }
-    async fn insert_user(
-        &mut self,
-        public_key: &str,
-        now: i64,
-        signup_token: Option<&str>,
-    ) -> Result<bool, StoreError> {
-        self.inner.insert_user(public_key, now, signup_token).await
-    }
-    async fn delete_user(&mut self, public_key: &str) -> Result<(), StoreError> {
-        self.inner.delete_user(public_key).await
-    }
-    async fn set_usage(
-        &mut self,
-        public_key: &str,
-        used_bytes: u64,
-        last_activity: i64,
-    ) -> Result<(), StoreError> {
-        self.inner
-            .set_usage(public_key, used_bytes, last_activity)
-            .await
-    }
-    async fn redeem_signup_token(
-        &mut self,
-        token: &str,
-        public_key: &str,
-        now: i64,
-    ) -> Result<TokenRedemption, StoreError> {
-        self.inner.redeem_signup_token(token, public_key, now).await
-    }
-    async fn entry(&mut self, user: &str, path: &str) -> Result<Option<EntryRecord>, StoreError> {
-        self.inner.entry(user, path).await
-    }
-    async fn put_entry(&mut self, user: &str, entry: &EntryRecord) -> Result<(), StoreError> {
-        self.inner.put_entry(user, entry).await
-    }
-    async fn remove_entry(
-        &mut self,
-        user: &str,
-        path: &str,
-    ) -> Result<Option<EntryRecord>, StoreError> {
-        self.inner.remove_entry(user, path).await
-    }
-    async fn remove_all_entries(&mut self, user: &str) -> Result<Vec<EntryRecord>, StoreError> {
-        self.inner.remove_all_entries(user).await
-    }
-    async fn insert_session(&mut self, session: &SessionRecord) -> Result<(), StoreError> {
-        self.inner.insert_session(session).await
-    }
-    async fn sum_entry_sizes(&mut self, user: &str) -> Result<u64, StoreError> {
-        self.inner.sum_entry_sizes(user).await
-    }
-    async fn retire_blobs(&mut self, blob_keys: &[&str], at: i64) -> Result<(), StoreError> {
-        self.inner.retire_blobs(blob_keys, at).await
-    }
-    async fn append_events(&mut self, events: &[NewEvent<'_>]) -> Result<(), StoreError> {
-        self.events.extend(events.iter().map(|e| OwnedEvent {
-            user: e.user.to_owned(),
-            path: e.path.to_owned(),
-            kind: e.kind,
-            content_hash: e.content_hash,
-            created_at: e.created_at,
-        }));
-        Ok(())
-    }
-    async fn commit(self: Box<Self>) -> Result<(), StoreError> {
-        // Not reached: `run_batch` commits the inner transaction itself.
-        let EventsLast { mut inner, events } = *self;
-        let events: Vec<NewEvent<'_>> = events.iter().map(OwnedEvent::borrowed).collect();
-        inner.append_events(&events).await?;
-        inner.commit().await
-    }
 }
 
 #[cfg(test)]
@@ -295,6 +181,9 @@ mod tests {
 
     use super::*;
     use crate::persistence::BackendOptions;
+    use crate::persistence::metadata::{
+        EntryRecord, NewEvent, SessionRecord, TokenRedemption, UserRecord,
+    };
     use crate::persistence::sql::SqlStore;
 
     /// Transactions whose commit happens, but whose answer is lost (as when a
@@ -314,6 +203,12 @@ mod tests {
     impl WriteTx for AnswerLost {
         async fn insert_replay_mark(&mut self, mark: ReplayMark) -> Result<bool, StoreError> {
             self.0.insert_replay_mark(mark).await
+        }
+        async fn insert_replay_marks(
+            &mut self,
+            marks: &[ReplayMark],
+        ) -> Result<Vec<[u8; 32]>, StoreError> {
+            self.0.insert_replay_marks(marks).await
         }
         async fn lock_user(&mut self, _: &str) -> Result<Option<UserRecord>, StoreError> {
             unreachable!()
@@ -343,7 +238,7 @@ mod tests {
         async fn entry(&mut self, _: &str, _: &str) -> Result<Option<EntryRecord>, StoreError> {
             unreachable!()
         }
-        async fn put_entry(&mut self, _: &str, _: &EntryRecord) -> Result<(), StoreError> {
+        async fn put_entries(&mut self, _: &[(&str, &EntryRecord)]) -> Result<(), StoreError> {
             unreachable!()
         }
         async fn remove_entry(
@@ -430,5 +325,65 @@ mod tests {
                 .unwrap();
             assert!(!fresh, "mark {n} was committed by the batch");
         }
+    }
+
+    /// Writes queued together: the same signature twice goes through once (whichever
+    /// the batch runs first), every other write commits, and usage adds up.
+    #[tokio::test]
+    async fn a_batch_spends_each_signature_once() {
+        use crate::persistence::front::StoreFront;
+        use crate::persistence::metadata::{MetadataWrites, NewEntry, PutOutcome, Stored};
+
+        let dir = tempfile::tempdir().unwrap();
+        let url = format!("sqlite://{}/hs.db", dir.path().display());
+        let url = crate::persistence::DatabaseUrl::parse(&url).unwrap();
+        let store: Arc<dyn MetadataStore> = Arc::new(
+            SqlStore::open(&url, &BackendOptions::default())
+                .await
+                .unwrap(),
+        );
+        let front = Arc::new(StoreFront::new(
+            store,
+            std::time::Duration::from_secs(10),
+            true,
+        ));
+        let mark = |n: u8| ReplayMark {
+            signature_id: [n; 32],
+            expires_at: i64::MAX,
+        };
+        front.sign_up("alice", None, 1, mark(100)).await.unwrap();
+        // (mark, path): marks 1 and 2 sent twice each, 3 and 4 once.
+        let writes = [(1, "/pub/a"), (2, "/pub/b"), (1, "/pub/c"), (3, "/pub/d")];
+        let writes = writes.into_iter().chain([(2, "/pub/e"), (4, "/pub/f")]);
+        let callers: Vec<_> = writes
+            .map(|(n, path)| {
+                let front = front.clone();
+                tokio::spawn(async move {
+                    let entry = NewEntry {
+                        user: "alice",
+                        path,
+                        stored: Stored::Inline(vec![n; 10].into()),
+                        size: 10,
+                        content_hash: [n; 32],
+                        now: 2,
+                        default_quota: 0,
+                    };
+                    (n, front.commit_put(entry, Some(mark(n))).await.unwrap())
+                })
+            })
+            .collect();
+        let mut committed = Vec::new();
+        for caller in callers {
+            let (n, outcome) = caller.await.unwrap();
+            match outcome {
+                PutOutcome::Committed { .. } => committed.push(n),
+                PutOutcome::Replayed => {}
+                other => panic!("{other:?}"),
+            }
+        }
+        committed.sort_unstable();
+        assert_eq!(committed, [1, 2, 3, 4], "each signature went through once");
+        let user = front.user("alice").await.unwrap().unwrap();
+        assert_eq!(user.used_bytes, 40);
     }
 }

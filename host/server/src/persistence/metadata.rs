@@ -369,6 +369,10 @@ pub struct Procedure {
     /// this key (arrival order within a key), so concurrent batches take row locks in
     /// one order and cannot deadlock.
     pub lock_key: String,
+    /// The replay mark `run` spends as its first step, when it has one (every procedure
+    /// of `rules` spends first): a batch records its procedures' marks in one statement
+    /// before running them (see `batch_tx`).
+    pub replay: Option<ReplayMark>,
     pub run: Arc<ProcedureFn>,
 }
 
@@ -384,11 +388,18 @@ impl Procedure {
     {
         Self {
             lock_key: lock_key.into(),
+            replay: None,
             run: Arc::new(move |tx| {
                 let future = run(tx);
                 Box::pin(async move { future.await.map(|o| Box::new(o) as ProcedureOutput) })
             }),
         }
+    }
+
+    /// Declares the replay mark the procedure spends first (see [`Procedure::replay`]).
+    pub fn spending(mut self, mark: Option<ReplayMark>) -> Self {
+        self.replay = mark;
+        self
     }
 }
 
@@ -417,6 +428,13 @@ pub async fn run_alone(
 pub trait WriteTx: Send {
     /// Records a replay mark; false (and no change) when the signature is already there.
     async fn insert_replay_mark(&mut self, mark: ReplayMark) -> Result<bool, StoreError>;
+
+    /// Records several replay marks in one step (no two alike); answers the signatures
+    /// that were not there before.
+    async fn insert_replay_marks(
+        &mut self,
+        marks: &[ReplayMark],
+    ) -> Result<Vec<[u8; 32]>, StoreError>;
 
     /// Reads a user's row and locks it against other writers until commit.
     async fn lock_user(&mut self, public_key: &str) -> Result<Option<UserRecord>, StoreError>;
@@ -452,7 +470,13 @@ pub trait WriteTx: Send {
     async fn entry(&mut self, user: &str, path: &str) -> Result<Option<EntryRecord>, StoreError>;
 
     /// Inserts or replaces an entry.
-    async fn put_entry(&mut self, user: &str, entry: &EntryRecord) -> Result<(), StoreError>;
+    async fn put_entry(&mut self, user: &str, entry: &EntryRecord) -> Result<(), StoreError> {
+        self.put_entries(&[(user, entry)]).await
+    }
+
+    /// Inserts or replaces entries of any users in one step, as many `put_entry` would;
+    /// no two may have the same user and path.
+    async fn put_entries(&mut self, entries: &[(&str, &EntryRecord)]) -> Result<(), StoreError>;
 
     /// Removes an entry, returning what it was.
     async fn remove_entry(
@@ -801,7 +825,8 @@ impl<S: MetadataStore + ?Sized> MetadataWrites for S {
                 Box::pin(
                     async move { rules::sign_up(tx, &key, token.as_deref(), now, replay).await },
                 )
-            }),
+            })
+            .spending(Some(replay)),
         )
         .await
     }
@@ -817,7 +842,8 @@ impl<S: MetadataStore + ?Sized> MetadataWrites for S {
             Procedure::new(entry.user.clone(), move |tx| {
                 let entry = entry.clone();
                 Box::pin(async move { rules::put(tx, &entry.borrowed(), replay).await })
-            }),
+            })
+            .spending(replay),
         )
         .await
     }
@@ -835,7 +861,8 @@ impl<S: MetadataStore + ?Sized> MetadataWrites for S {
             Procedure::new(user, move |tx| {
                 let (owner, path) = (owner.clone(), path.clone());
                 Box::pin(async move { rules::delete(tx, &owner, &path, now, replay).await })
-            }),
+            })
+            .spending(replay),
         )
         .await
     }
@@ -851,7 +878,8 @@ impl<S: MetadataStore + ?Sized> MetadataWrites for S {
             Procedure::new(session.user.clone(), move |tx| {
                 let session = session.clone();
                 Box::pin(async move { rules::create_session(tx, &session, replay).await })
-            }),
+            })
+            .spending(Some(replay)),
         )
         .await
     }
@@ -861,7 +889,8 @@ impl<S: MetadataStore + ?Sized> MetadataWrites for S {
             self,
             Procedure::new("", move |tx| {
                 Box::pin(async move { tx.insert_replay_mark(mark).await })
-            }),
+            })
+            .spending(Some(mark)),
         )
         .await
     }

@@ -8,7 +8,8 @@
 //!   instances), one implementation with a small dialect; [`sqlite`]: SQLite's file
 //!   tools (snapshots for backups).
 //! - [`front`]: what callers talk to: a deadline on every metadata operation and
-//!   [`group_commit`] of concurrent writes, whatever the backend.
+//!   [`group_commit`] of concurrent writes, whatever the backend; a batch's writes go
+//!   through a `batch_tx`, which sends what they write alike once.
 //! - [`blobs`]: value bytes in object storage (local filesystem by default); its large
 //!   local reads go into the buffers of `read_buffers`, used again once sent.
 //! - [`url`]: the typed storage URLs of the configuration, secrets redacted.
@@ -17,6 +18,7 @@
 //! Routes, services and the app never name a backend: they open stores through
 //! [`open_metadata`] and [`BlobStore::open`] from the URLs in the configuration.
 
+mod batch_tx;
 pub mod blobs;
 pub mod front;
 pub mod group_commit;

@@ -2,7 +2,7 @@
 //! PostgreSQL connection: the steps the procedures of `persistence::rules` are made of.
 
 use async_trait::async_trait;
-use sqlx::{Any, Transaction};
+use sqlx::{Any, Row, Transaction};
 
 use super::dialect::{Dialect, EVENTS_CHANNEL};
 use super::rows::{
@@ -39,6 +39,26 @@ impl WriteTx for SqlWriteTx {
         .await
         .map_err(self.err())?;
         Ok(done.rows_affected() == 1)
+    }
+
+    async fn insert_replay_marks(
+        &mut self,
+        marks: &[ReplayMark],
+    ) -> Result<Vec<[u8; 32]>, StoreError> {
+        let mut fresh = Vec::with_capacity(marks.len());
+        for chunk in marks.chunks(CHUNK) {
+            let mut sql = Statement::new("INSERT INTO seen_signatures (signature_id, expires_at) ");
+            sql.push_values(chunk, |row, mark| {
+                row.bind(&mark.signature_id[..]).bind(mark.expires_at);
+            });
+            // Only the rows inserted come back.
+            sql.push(" ON CONFLICT (signature_id) DO NOTHING RETURNING signature_id");
+            for row in sql.fetch_all(&mut *self.tx).await.map_err(self.err())? {
+                let id = row.try_get("signature_id").and_then(rows::hash32);
+                fresh.push(id.map_err(self.err())?);
+            }
+        }
+        Ok(fresh)
     }
 
     async fn lock_user(&mut self, public_key: &str) -> Result<Option<UserRecord>, StoreError> {
@@ -137,28 +157,31 @@ impl WriteTx for SqlWriteTx {
             .map_err(self.err())
     }
 
-    async fn put_entry(&mut self, user: &str, entry: &EntryRecord) -> Result<(), StoreError> {
-        let (blob_key, inline_value) = stored_columns(&entry.stored);
-        sqlx::query(
-            "INSERT INTO entries \
-             (owner, path, blob_key, size, content_hash, created_at, updated_at, inline_value) \
-             VALUES ($1, $2, $3, $4, $5, $6, $7, $8) \
-             ON CONFLICT (owner, path) DO UPDATE SET blob_key = excluded.blob_key, \
-             size = excluded.size, content_hash = excluded.content_hash, \
-             created_at = excluded.created_at, updated_at = excluded.updated_at, \
-             inline_value = excluded.inline_value",
-        )
-        .bind(user)
-        .bind(&entry.path)
-        .bind(blob_key)
-        .bind(to_i64(entry.size))
-        .bind(&entry.content_hash[..])
-        .bind(entry.created_at)
-        .bind(entry.updated_at)
-        .bind(inline_value)
-        .execute(&mut *self.tx)
-        .await
-        .map_err(self.err())?;
+    async fn put_entries(&mut self, entries: &[(&str, &EntryRecord)]) -> Result<(), StoreError> {
+        for chunk in entries.chunks(CHUNK) {
+            let mut sql = Statement::new(
+                "INSERT INTO entries \
+                 (owner, path, blob_key, size, content_hash, created_at, updated_at, inline_value) ",
+            );
+            sql.push_values(chunk, |row, (user, entry)| {
+                let (blob_key, inline_value) = stored_columns(&entry.stored);
+                row.bind(*user)
+                    .bind(entry.path.as_str())
+                    .bind(blob_key)
+                    .bind(to_i64(entry.size))
+                    .bind(&entry.content_hash[..])
+                    .bind(entry.created_at)
+                    .bind(entry.updated_at)
+                    .bind(inline_value);
+            });
+            sql.push(
+                " ON CONFLICT (owner, path) DO UPDATE SET blob_key = excluded.blob_key, \
+                 size = excluded.size, content_hash = excluded.content_hash, \
+                 created_at = excluded.created_at, updated_at = excluded.updated_at, \
+                 inline_value = excluded.inline_value",
+            );
+            sql.execute(&mut *self.tx).await.map_err(self.err())?;
+        }
         Ok(())
     }
 
