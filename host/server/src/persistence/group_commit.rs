@@ -327,12 +327,25 @@ mod tests {
         }
     }
 
-    /// Writes queued together: the same signature twice goes through once (whichever
-    /// the batch runs first), every other write commits, and usage adds up.
+    /// Transactions counted as they begin.
+    struct Counted(Arc<dyn MetadataStore>, Arc<AtomicUsize>);
+
+    #[async_trait]
+    impl Transactions for Counted {
+        async fn begin_write(&self) -> Result<Box<dyn WriteTx>, StoreError> {
+            self.1.fetch_add(1, Ordering::SeqCst);
+            self.0.begin_write().await
+        }
+    }
+
+    /// Writes queued together run as one batch (one transaction: had the batch failed,
+    /// each would have run again alone, in a transaction of its own): the same
+    /// signature twice goes through once (whichever the batch runs first), every other
+    /// write commits, and usage adds up.
     #[tokio::test]
     async fn a_batch_spends_each_signature_once() {
-        use crate::persistence::front::StoreFront;
-        use crate::persistence::metadata::{MetadataWrites, NewEntry, PutOutcome, Stored};
+        use crate::persistence::metadata::{NewEntry, PutOutcome, Stored};
+        use crate::persistence::rules;
 
         let dir = tempfile::tempdir().unwrap();
         let url = format!("sqlite://{}/hs.db", dir.path().display());
@@ -342,33 +355,45 @@ mod tests {
                 .await
                 .unwrap(),
         );
-        let front = Arc::new(StoreFront::new(
-            store,
-            std::time::Duration::from_secs(10),
-            true,
-        ));
         let mark = |n: u8| ReplayMark {
             signature_id: [n; 32],
             expires_at: i64::MAX,
         };
-        front.sign_up("alice", None, 1, mark(100)).await.unwrap();
+        let mut tx = store.begin_write().await.unwrap();
+        rules::sign_up(tx.as_mut(), "alice", None, 1, mark(100))
+            .await
+            .unwrap();
+        tx.commit().await.unwrap();
+        let begun = Arc::new(AtomicUsize::new(0));
+        let queue = Arc::new(CommitQueue::with_transactions(Arc::new(Counted(
+            store.clone(),
+            begun.clone(),
+        ))));
         // (mark, path): marks 1 and 2 sent twice each, 3 and 4 once.
         let writes = [(1, "/pub/a"), (2, "/pub/b"), (1, "/pub/c"), (3, "/pub/d")];
         let writes = writes.into_iter().chain([(2, "/pub/e"), (4, "/pub/f")]);
+        // Spawned before the writer looks again: they form one batch.
         let callers: Vec<_> = writes
             .map(|(n, path)| {
-                let front = front.clone();
+                let queue = queue.clone();
+                let procedure = Procedure::new("alice", move |tx| {
+                    Box::pin(async move {
+                        let entry = NewEntry {
+                            user: "alice",
+                            path,
+                            stored: Stored::Inline(vec![n; 10].into()),
+                            size: 10,
+                            content_hash: [n; 32],
+                            now: 2,
+                            default_quota: 0,
+                        };
+                        rules::put(tx, &entry, Some(mark(n))).await
+                    })
+                })
+                .spending(Some(mark(n)));
                 tokio::spawn(async move {
-                    let entry = NewEntry {
-                        user: "alice",
-                        path,
-                        stored: Stored::Inline(vec![n; 10].into()),
-                        size: 10,
-                        content_hash: [n; 32],
-                        now: 2,
-                        default_quota: 0,
-                    };
-                    (n, front.commit_put(entry, Some(mark(n))).await.unwrap())
+                    let output = queue.submit(procedure).await.unwrap();
+                    (n, *output.downcast::<PutOutcome>().unwrap())
                 })
             })
             .collect();
@@ -381,9 +406,10 @@ mod tests {
                 other => panic!("{other:?}"),
             }
         }
+        assert_eq!(begun.load(Ordering::SeqCst), 1, "one batch, not run again");
         committed.sort_unstable();
         assert_eq!(committed, [1, 2, 3, 4], "each signature went through once");
-        let user = front.user("alice").await.unwrap().unwrap();
+        let user = store.user("alice").await.unwrap().unwrap();
         assert_eq!(user.used_bytes, 40);
     }
 }

@@ -244,14 +244,12 @@ async fn sqlite_pragmas(conn: &mut AnyConnection, writer: bool) -> Result<(), sq
         // WAL: readers never wait for the writer. FULL: a commit is on disk before it
         // is answered, so a power loss cannot take back a commit whose replaced blob
         // was already deleted (an fsync costs ~0.2 ms on the machines measured in
-        // docs/BENCHMARKS.md). No checkpoints in commits: `checkpoint` runs them beside
-        // the writer. Statement journals (a multi-row write's undo, a few pages) in
-        // memory rather than in a temporary file written page by page.
+        // docs/BENCHMARKS.md). Statement journals (the undo of a multi-row write, a few
+        // pages) in memory, not written page by page to a temporary file.
         for pragma in [
             "PRAGMA journal_mode = WAL",
             "PRAGMA synchronous = FULL",
             "PRAGMA foreign_keys = ON",
-            "PRAGMA wal_autocheckpoint = 0",
             "PRAGMA temp_store = MEMORY",
         ] {
             conn.execute(pragma).await?;
@@ -264,7 +262,7 @@ async fn sqlite_pragmas(conn: &mut AnyConnection, writer: bool) -> Result<(), sq
 /// creating it (and its folder). The URL is rebuilt from sqlx's own parse of it, with
 /// the file's absolute path: a URL parser would read `sqlite://Data/hs.db` as the host
 /// `data` (lower-cased).
-pub(super) fn sqlite_options(url: &str, read_only: bool) -> Result<AnyConnectOptions, StoreError> {
+fn sqlite_options(url: &str, read_only: bool) -> Result<AnyConnectOptions, StoreError> {
     let parsed = SqliteConnectOptions::from_str(url)
         .map_err(|e| StoreError::Internal(format!("database url: {e}")))?;
     let in_memory = parsed

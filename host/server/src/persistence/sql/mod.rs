@@ -29,7 +29,6 @@
 //! Paths and keys compare bytewise on both (PostgreSQL's columns use the "C"
 //! collation, see its migration), so listings are in the same order.
 
-mod checkpoint;
 mod dialect;
 mod listen;
 pub(crate) mod rows;
@@ -66,8 +65,6 @@ pub struct SqlStore {
     reader: AnyPool,
     /// PostgreSQL: woken by other instances' commits, and the task that listens.
     remote_commits: Option<(Arc<Notify>, tokio::task::JoinHandle<()>)>,
-    /// SQLite: the task that checkpoints the write-ahead log (see `checkpoint`).
-    checkpoints: Option<tokio::task::JoinHandle<()>>,
 }
 
 impl SqlStore {
@@ -117,13 +114,6 @@ impl SqlStore {
             .run(&pools.writer)
             .await
             .map_err(|e| StoreError::Internal(format!("migrating the database: {e}")))?;
-        let checkpoints = match dialect {
-            // Not for a database in memory (no log to copy).
-            Dialect::Sqlite if wal_mode(&pools.writer).await.map_err(err)? => {
-                Some(checkpoint::spawn(dialect::sqlite_options(text, false)?))
-            }
-            _ => None,
-        };
         let remote_commits = match dialect {
             Dialect::Sqlite => None,
             Dialect::Postgres => {
@@ -137,7 +127,6 @@ impl SqlStore {
             writer: pools.writer,
             reader: pools.reader,
             remote_commits,
-            checkpoints,
         })
     }
 
@@ -149,27 +138,10 @@ impl SqlStore {
 
 impl Drop for SqlStore {
     fn drop(&mut self) {
-        self.stop_tasks();
-    }
-}
-
-impl SqlStore {
-    fn stop_tasks(&self) {
         if let Some((_, task)) = &self.remote_commits {
             task.abort();
         }
-        if let Some(task) = &self.checkpoints {
-            task.abort();
-        }
     }
-}
-
-/// Whether the SQLite connection `pool` holds writes in a write-ahead log.
-async fn wal_mode(pool: &AnyPool) -> Result<bool, sqlx::Error> {
-    let mode: String = sqlx::query_scalar("PRAGMA journal_mode")
-        .fetch_one(pool)
-        .await?;
-    Ok(mode.eq_ignore_ascii_case("wal"))
 }
 
 /// A SQLite database file read as it is (read-only, never migrated): a backup's
@@ -262,7 +234,9 @@ impl MetadataStore for SqlStore {
     }
 
     async fn close(&self) {
-        self.stop_tasks();
+        if let Some((_, task)) = &self.remote_commits {
+            task.abort();
+        }
         self.reader.close().await;
         self.writer.close().await;
     }
