@@ -2,8 +2,10 @@
 //! the writes that many of them make alike are sent once, at the batch's end.
 //!
 //! A small PUT is five statements (replay mark, user row, old entry, new entry, usage),
-//! and on SQLite each is a round trip to sqlx's writer thread and a wake-up back: the
-//! cost of a batch was those hops, not the work. [`BatchTx`] keeps, for the batch:
+//! each a round trip: to PostgreSQL over the network, or to sqlx's SQLite writer thread
+//! and a wake-up back (docs/BENCHMARKS.md "Small PUTs: one statement a PUT": twice the
+//! PUT rate on PostgreSQL, 8-16% less CPU a PUT on SQLite). [`BatchTx`] keeps, for the
+//! batch:
 //!
 //! - the user rows it has locked, as the batch has changed them: a second write of a
 //!   user reads the row from here (it is locked by this transaction, so nobody else can
