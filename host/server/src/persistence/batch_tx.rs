@@ -42,8 +42,8 @@ pub(super) struct BatchTx {
     users: HashMap<String, UserRecord>,
     /// Usage changed by the batch and not yet written: user → (used bytes, activity).
     usage: BTreeMap<String, (u64, i64)>,
-    /// Entries written by the batch and not yet sent, by (user, path).
-    entries: BTreeMap<(String, String), EntryRecord>,
+    /// Entries written by the batch and not yet sent, by user and path.
+    entries: BTreeMap<String, BTreeMap<String, EntryRecord>>,
     /// Blobs retired by the batch and not yet recorded, by retirement time.
     retired: BTreeMap<i64, Vec<String>>,
     events: Vec<OwnedEvent>,
@@ -100,7 +100,7 @@ impl BatchTx {
             let entries: Vec<(&str, &EntryRecord)> = self
                 .entries
                 .iter()
-                .map(|((user, _), entry)| (user.as_str(), entry))
+                .flat_map(|(user, entries)| entries.values().map(|e| (user.as_str(), e)))
                 .collect();
             self.inner.put_entries(&entries).await?;
             self.entries.clear();
@@ -205,7 +205,7 @@ impl WriteTx for BatchTx {
     }
 
     async fn entry(&mut self, user: &str, path: &str) -> Result<Option<EntryRecord>, StoreError> {
-        if let Some(entry) = self.entries.get(&(user.to_owned(), path.to_owned())) {
+        if let Some(entry) = self.entries.get(user).and_then(|kept| kept.get(path)) {
             return Ok(Some(entry.clone()));
         }
         self.inner.entry(user, path).await
@@ -213,7 +213,9 @@ impl WriteTx for BatchTx {
 
     async fn put_entry(&mut self, user: &str, entry: &EntryRecord) -> Result<(), StoreError> {
         self.entries
-            .insert((user.to_owned(), entry.path.clone()), entry.clone());
+            .entry(user.to_owned())
+            .or_default()
+            .insert(entry.path.clone(), entry.clone());
         Ok(())
     }
 

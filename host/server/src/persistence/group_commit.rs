@@ -186,6 +186,17 @@ mod tests {
     };
     use crate::persistence::sql::SqlStore;
 
+    /// A SQLite store in a folder of its own (kept while the store is used).
+    async fn sqlite_store() -> (tempfile::TempDir, Arc<dyn MetadataStore>) {
+        let dir = tempfile::tempdir().unwrap();
+        let url = format!("sqlite://{}/hs.db", dir.path().display());
+        let url = crate::persistence::DatabaseUrl::parse(&url).unwrap();
+        let store = SqlStore::open(&url, &BackendOptions::default())
+            .await
+            .unwrap();
+        (dir, Arc::new(store))
+    }
+
     /// Transactions whose commit happens, but whose answer is lost (as when a
     /// connection drops right after the database committed).
     struct LosesCommitAnswers(Arc<dyn MetadataStore>);
@@ -273,14 +284,7 @@ mod tests {
 
     #[tokio::test]
     async fn a_batch_whose_commit_answer_is_lost_is_not_run_again() {
-        let dir = tempfile::tempdir().unwrap();
-        let url = format!("sqlite://{}/hs.db", dir.path().display());
-        let url = crate::persistence::DatabaseUrl::parse(&url).unwrap();
-        let store: Arc<dyn MetadataStore> = Arc::new(
-            SqlStore::open(&url, &BackendOptions::default())
-                .await
-                .unwrap(),
-        );
+        let (_dir, store) = sqlite_store().await;
         let queue = Arc::new(CommitQueue::with_transactions(Arc::new(
             LosesCommitAnswers(store.clone()),
         )));
@@ -347,14 +351,7 @@ mod tests {
         use crate::persistence::metadata::{NewEntry, PutOutcome, Stored};
         use crate::persistence::rules;
 
-        let dir = tempfile::tempdir().unwrap();
-        let url = format!("sqlite://{}/hs.db", dir.path().display());
-        let url = crate::persistence::DatabaseUrl::parse(&url).unwrap();
-        let store: Arc<dyn MetadataStore> = Arc::new(
-            SqlStore::open(&url, &BackendOptions::default())
-                .await
-                .unwrap(),
-        );
+        let (_dir, store) = sqlite_store().await;
         let mark = |n: u8| ReplayMark {
             signature_id: [n; 32],
             expires_at: i64::MAX,

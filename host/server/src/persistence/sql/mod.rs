@@ -51,7 +51,7 @@ use dialect::Dialect;
 use rows::{
     CHUNK, ENTRY_COLUMNS, ENTRY_COLUMNS_BEFORE_INLINE, EVENT_COLUMNS, LISTED_COLUMNS, Statement,
     USER_COLUMNS, USER_SELECT, decode_all, entry_from_row, event_from_row, hash32, listed_from_row,
-    push_event_filters, stored_columns, to_i64, to_u64, user_from_row,
+    push_event_filters, to_i64, to_u64, user_from_row,
 };
 use write_tx::SqlWriteTx;
 
@@ -614,25 +614,10 @@ impl MetadataStore for SqlStore {
 
     async fn copy_entries(&self, user: &str, entries: &[EntryRecord]) -> Result<(), StoreError> {
         for chunk in entries.chunks(CHUNK) {
-            let mut sql = Statement::new(format!("INSERT INTO entries (owner, {ENTRY_COLUMNS}) "));
-            sql.push_values(chunk, |row, e| {
-                let (blob_key, inline_value) = stored_columns(&e.stored);
-                row.bind(user)
-                    .bind(e.path.as_str())
-                    .bind(blob_key)
-                    .bind(to_i64(e.size))
-                    .bind(e.content_hash.to_vec())
-                    .bind(e.created_at)
-                    .bind(e.updated_at)
-                    .bind(inline_value);
-            });
-            sql.push(
-                " ON CONFLICT (owner, path) DO UPDATE SET blob_key = excluded.blob_key, \
-                 size = excluded.size, content_hash = excluded.content_hash, \
-                 created_at = excluded.created_at, updated_at = excluded.updated_at, \
-                 inline_value = excluded.inline_value",
-            );
-            sql.execute(&self.writer).await.map_err(self.err())?;
+            rows::upsert_entries(chunk.iter().map(|e| (user, e)))
+                .execute(&self.writer)
+                .await
+                .map_err(self.err())?;
         }
         Ok(())
     }

@@ -278,6 +278,33 @@ impl<'q> Statement<'q> {
     }
 }
 
+/// `INSERT` of `entries` (user, entry) that replaces an existing entry of the same user
+/// and path: what a write and an import of entries both send. No two may share a user
+/// and path, and at most [`CHUNK`] go in one statement.
+pub(super) fn upsert_entries<'q>(
+    entries: impl IntoIterator<Item = (&'q str, &'q EntryRecord)>,
+) -> Statement<'q> {
+    let mut sql = Statement::new(format!("INSERT INTO entries (owner, {ENTRY_COLUMNS}) "));
+    sql.push_values(entries, |row, (user, entry)| {
+        let (blob_key, inline_value) = stored_columns(&entry.stored);
+        row.bind(user)
+            .bind(entry.path.as_str())
+            .bind(blob_key)
+            .bind(to_i64(entry.size))
+            .bind(&entry.content_hash[..])
+            .bind(entry.created_at)
+            .bind(entry.updated_at)
+            .bind(inline_value);
+    });
+    sql.push(
+        " ON CONFLICT (owner, path) DO UPDATE SET blob_key = excluded.blob_key, \
+         size = excluded.size, content_hash = excluded.content_hash, \
+         created_at = excluded.created_at, updated_at = excluded.updated_at, \
+         inline_value = excluded.inline_value",
+    );
+    sql
+}
+
 /// One row of a `VALUES` list.
 pub(super) struct Tuple<'s, 'q> {
     statement: &'s mut Statement<'q>,

@@ -6,8 +6,7 @@ use sqlx::{Any, Row, Transaction};
 
 use super::dialect::{Dialect, EVENTS_CHANNEL};
 use super::rows::{
-    self, CHUNK, ENTRY_COLUMNS, Statement, decode_all, entry_from_row, stored_columns, to_i64,
-    to_u64,
+    self, CHUNK, ENTRY_COLUMNS, Statement, decode_all, entry_from_row, to_i64, to_u64,
 };
 use crate::persistence::metadata::{
     EntryRecord, NewEvent, ReplayMark, SessionRecord, StoreError, TokenRedemption, UserRecord,
@@ -159,28 +158,10 @@ impl WriteTx for SqlWriteTx {
 
     async fn put_entries(&mut self, entries: &[(&str, &EntryRecord)]) -> Result<(), StoreError> {
         for chunk in entries.chunks(CHUNK) {
-            let mut sql = Statement::new(
-                "INSERT INTO entries \
-                 (owner, path, blob_key, size, content_hash, created_at, updated_at, inline_value) ",
-            );
-            sql.push_values(chunk, |row, (user, entry)| {
-                let (blob_key, inline_value) = stored_columns(&entry.stored);
-                row.bind(*user)
-                    .bind(entry.path.as_str())
-                    .bind(blob_key)
-                    .bind(to_i64(entry.size))
-                    .bind(&entry.content_hash[..])
-                    .bind(entry.created_at)
-                    .bind(entry.updated_at)
-                    .bind(inline_value);
-            });
-            sql.push(
-                " ON CONFLICT (owner, path) DO UPDATE SET blob_key = excluded.blob_key, \
-                 size = excluded.size, content_hash = excluded.content_hash, \
-                 created_at = excluded.created_at, updated_at = excluded.updated_at, \
-                 inline_value = excluded.inline_value",
-            );
-            sql.execute(&mut *self.tx).await.map_err(self.err())?;
+            rows::upsert_entries(chunk.iter().copied())
+                .execute(&mut *self.tx)
+                .await
+                .map_err(self.err())?;
         }
         Ok(())
     }
