@@ -7,6 +7,7 @@
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
+use axum::http::StatusCode;
 use homeserver_runtime::PolicyRuntime;
 use homeserver_runtime::metrics::GuestCollector;
 use prometheus::{
@@ -216,10 +217,10 @@ impl Metrics {
         &self.registry
     }
 
-    pub fn observe_request(&self, method: &str, status: u16, elapsed: Duration) {
+    pub fn observe_request(&self, method: &str, status: StatusCode, elapsed: Duration) {
         let method = method_label(method);
         self.requests
-            .with_label_values(&[method, &status.to_string()])
+            .with_label_values(&[method, status.as_str()])
             .inc();
         self.duration
             .with_label_values(&[method])
@@ -262,8 +263,12 @@ mod tests {
     #[test]
     fn renders_documented_series() {
         let m = Metrics::new(None).unwrap();
-        m.observe_request("GET", 200, Duration::from_millis(3));
-        m.observe_request("BREW", 405, Duration::from_millis(1));
+        m.observe_request("GET", StatusCode::OK, Duration::from_millis(3));
+        m.observe_request(
+            "BREW",
+            StatusCode::METHOD_NOT_ALLOWED,
+            Duration::from_millis(1),
+        );
         m.observe_rate_limited("anonymous");
         let text = m.render().unwrap();
         assert!(

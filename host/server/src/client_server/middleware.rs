@@ -1,30 +1,89 @@
 //! What wraps every client request: its credentials classified once (read by everything
 //! after), the rate limit (which answers first, before any other check), the
-//! `X-RateLimit-*` headers, and request metrics.
+//! `X-RateLimit-*` headers, request metrics, and `Connection: close` on an answer given
+//! before the request's body was read ([`crate::http::unread_body`]).
+//!
+//! One tower service around the routes ([`Observed`]) rather than axum middleware added
+//! with `Router::layer`: each such layer wraps every route in one more boxed service,
+//! and a request clones the whole nest at each level on its way in (13 allocations of
+//! a public GET's 66 were those clones; docs/BENCHMARKS.md "One service around the
+//! client routes").
 
+use std::convert::Infallible;
+use std::future::Future;
 use std::net::{IpAddr, Ipv4Addr, SocketAddr};
+use std::pin::Pin;
+use std::task::{Context, Poll};
 use std::time::Instant;
 
-use axum::extract::{ConnectInfo, Request, State};
+use axum::Router;
+use axum::extract::{ConnectInfo, Request};
 use axum::http::{HeaderMap, HeaderValue};
-use axum::middleware::Next;
 use axum::response::{IntoResponse, Response};
 use homeserver_protocol::ErrorCode;
+use tower::{Service, ServiceExt};
 
 use super::AppState;
 use crate::http::error::ApiError;
 use crate::http::extract::{Classified, ClientIp, classify};
 use crate::http::rate_limit::{Caller, Decision};
+use crate::http::unread_body;
 use crate::service::auth::Credentials;
 
 /// The path of the signup-token check, which has its own limit.
 const SIGNUP_TOKENS_PREFIX: &str = "/signup_tokens/";
 
-pub async fn observe_and_limit(
-    State(app): State<AppState>,
-    mut request: Request,
-    next: Next,
-) -> Response {
+/// The client routes with what wraps them; the probes (`/health`, `/ready`) pass
+/// around the rate limit and the request metrics: a balancer probing every 100 ms must
+/// neither be refused nor drown the latency histograms.
+#[derive(Clone)]
+pub struct Observed {
+    app: AppState,
+    routes: Router,
+    probes: Router,
+}
+
+impl Observed {
+    /// `routes` and `probes` with their state given (`Router<()>`).
+    pub fn new(app: AppState, routes: Router, probes: Router) -> Self {
+        Self {
+            app,
+            routes,
+            probes,
+        }
+    }
+}
+
+/// The probes' paths, routed by [`Observed`] to its `probes`.
+pub const PROBE_PATHS: [&str; 2] = ["/health", "/ready"];
+
+impl Service<Request> for Observed {
+    type Response = Response;
+    type Error = Infallible;
+    type Future = Pin<Box<dyn Future<Output = Result<Response, Infallible>> + Send>>;
+
+    fn poll_ready(&mut self, _: &mut Context<'_>) -> Poll<Result<(), Infallible>> {
+        // Both are routers, always ready; each request takes a clone of one.
+        Poll::Ready(Ok(()))
+    }
+
+    fn call(&mut self, request: Request) -> Self::Future {
+        if PROBE_PATHS.contains(&request.uri().path()) {
+            return Box::pin(self.probes.clone().oneshot(request));
+        }
+        let (app, routes) = (self.app.clone(), self.routes.clone());
+        Box::pin(async move {
+            let (request, watch) = unread_body::watch(request);
+            let mut response = observe_and_limit(app, request, routes).await;
+            if let Some(watch) = watch {
+                watch.close_if_unread(&mut response);
+            }
+            Ok(response)
+        })
+    }
+}
+
+async fn observe_and_limit(app: AppState, mut request: Request, routes: Router) -> Response {
     let started = Instant::now();
     let method = request.method().clone();
     // The access log may have worked it out already.
@@ -73,18 +132,18 @@ pub async fn observe_and_limit(
             response
         }
         _ => {
-            let mut response = next.run(request).await;
+            let mut response = match routes.oneshot(request).await {
+                Ok(response) => response,
+                Err(never) => match never {},
+            };
             if let Some((decision, _)) = limited {
                 rate_headers(response.headers_mut(), &decision);
             }
             response
         }
     };
-    app.metrics.observe_request(
-        method.as_str(),
-        response.status().as_u16(),
-        started.elapsed(),
-    );
+    app.metrics
+        .observe_request(method.as_str(), response.status(), started.elapsed());
     response
 }
 

@@ -20,17 +20,24 @@ use homeserver_protocol::ErrorCode;
 use crate::context::AppContext;
 use crate::http::cors::Cors;
 use crate::http::error::ApiError;
+use crate::http::request_id::{RequestIdLayer, RequestIds};
+use middleware::Observed;
+use tower::Layer;
 
 pub type AppState = Arc<AppContext>;
 
-pub fn router(app: AppState) -> Router {
+/// What the client listeners serve: request ids and CORS around [`Observed`] (the rate
+/// limit, request metrics and `Connection: close` on unread bodies) around the routes.
+pub type ClientApi = RequestIds<Observed>;
+
+pub fn router(app: AppState) -> ClientApi {
     // Loading the configuration refused a bad list already; one built in code that
     // slipped through allows no origin rather than every one.
     let cors = Cors::from_config(&app.config.http.cors_allowed_origins).unwrap_or_else(|e| {
         tracing::error!(error = %e, "http.cors_allowed_origins: allowing no origin");
         Cors::none()
     });
-    let router = Router::new()
+    let routes = Router::new()
         .route("/signup", post(signup::handle))
         .route("/account", get(account::show))
         .route("/info", get(pkarr::info))
@@ -48,22 +55,14 @@ pub fn router(app: AppState) -> Router {
         .route("/openapi.json", get(openapi))
         .method_not_allowed_fallback(method_not_allowed)
         .fallback(storage::handle)
-        .layer(axum::middleware::from_fn_with_state(
-            app.clone(),
-            middleware::observe_and_limit,
-        ))
-        .layer(axum::middleware::from_fn(
-            crate::http::unread_body::close_if_body_unread,
-        ))
         .with_state(app.clone());
-    // The probes, outside the rate limit and the request metrics: a balancer probing
-    // every 100 ms must neither be refused nor drown the latency histograms.
+    // `Observed` sends these paths here (`PROBE_PATHS`).
     let probes = Router::new()
         .route("/health", get(health::live))
         .route("/ready", get(health::ready))
         .method_not_allowed_fallback(method_not_allowed)
-        .with_state(app);
-    crate::http::request_id::with_request_ids_and_cors(router.merge(probes), cors)
+        .with_state(app.clone());
+    RequestIdLayer::with_cors(cors).layer(Observed::new(app, routes, probes))
 }
 
 /// The client API's OpenAPI 3.1 document (checked against the routes by

@@ -275,16 +275,17 @@ mod tests {
     async fn the_request_id_layer_applies_the_rules() {
         let calls = Arc::new(AtomicUsize::new(0));
         let counted = calls.clone();
-        let router = crate::http::request_id::with_request_ids_and_cors(
-            Router::new().route(
+        let router = Router::new()
+            .route(
                 "/x",
                 axum::routing::any(move || {
                     counted.fetch_add(1, Ordering::SeqCst);
                     async { StatusCode::IM_A_TEAPOT }
                 }),
-            ),
-            rules(&["https://app.example"]).unwrap(),
-        );
+            )
+            .layer(crate::http::request_id::RequestIdLayer::with_cors(
+                rules(&["https://app.example"]).unwrap(),
+            ));
         let call = |request| router.clone().oneshot(request);
 
         let answer = call(request(Method::OPTIONS, Some("https://app.example"), true))

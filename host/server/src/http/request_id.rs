@@ -41,18 +41,20 @@ pub fn with_request_ids(router: Router) -> Router {
     router.layer(RequestIdLayer::default())
 }
 
-/// [`with_request_ids`], and the CORS rules `cors` in the same layer.
-pub fn with_request_ids_and_cors(router: Router, cors: Cors) -> Router {
-    router.layer(RequestIdLayer {
-        cors: Some(Arc::new(cors)),
-    })
-}
-
 /// Gives each request its id and span (and applies CORS when it has rules); see the
 /// module's documentation.
 #[derive(Debug, Clone, Default)]
 pub struct RequestIdLayer {
     cors: Option<Arc<Cors>>,
+}
+
+impl RequestIdLayer {
+    /// Ids, and the CORS rules `cors`.
+    pub fn with_cors(cors: Cors) -> Self {
+        Self {
+            cors: Some(Arc::new(cors)),
+        }
+    }
 }
 
 impl<S> Layer<S> for RequestIdLayer {

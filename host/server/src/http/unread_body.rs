@@ -15,12 +15,14 @@ use std::task::{Context, Poll};
 use axum::body::Body;
 use axum::extract::Request;
 use axum::http::{HeaderValue, Version, header};
-use axum::middleware::Next;
 use axum::response::Response;
 use bytes::Bytes;
 use http_body::{Frame, SizeHint};
 
-pub async fn close_if_body_unread(request: Request, next: Next) -> Response {
+/// Watches `request`'s body when leaving it unread would keep hyper from reusing the
+/// connection (an HTTP/1 request with a body); give the answer to the watch's
+/// [`UnreadWatch::close_if_unread`].
+pub fn watch(request: Request) -> (Request, Option<UnreadWatch>) {
     let http1 = matches!(request.version(), Version::HTTP_10 | Version::HTTP_11);
     let has_body = request.headers().contains_key(header::TRANSFER_ENCODING)
         || request
@@ -28,7 +30,7 @@ pub async fn close_if_body_unread(request: Request, next: Next) -> Response {
             .get(header::CONTENT_LENGTH)
             .is_some_and(|v| v.as_bytes() != b"0");
     if !(http1 && has_body) {
-        return next.run(request).await;
+        return (request, None);
     }
     let finished = Arc::new(AtomicBool::new(false));
     let request = request.map(|body| {
@@ -37,13 +39,23 @@ pub async fn close_if_body_unread(request: Request, next: Next) -> Response {
             finished: finished.clone(),
         })
     });
-    let mut response = next.run(request).await;
-    if !finished.load(Ordering::Acquire) {
-        response
-            .headers_mut()
-            .insert(header::CONNECTION, HeaderValue::from_static("close"));
+    (request, Some(UnreadWatch { finished }))
+}
+
+/// Whether a watched request body was read to its end.
+pub struct UnreadWatch {
+    finished: Arc<AtomicBool>,
+}
+
+impl UnreadWatch {
+    /// Says `Connection: close` on `response` when the body was not read to its end.
+    pub fn close_if_unread(self, response: &mut Response) {
+        if !self.finished.load(Ordering::Acquire) {
+            response
+                .headers_mut()
+                .insert(header::CONNECTION, HeaderValue::from_static("close"));
+        }
     }
-    response
 }
 
 /// A request body that records when it was read to its end.

@@ -19,9 +19,9 @@ use std::sync::Arc;
 use std::sync::atomic::Ordering;
 use std::time::{Duration, Instant};
 
-use axum::Router;
 use axum::body::Body;
 use axum::extract::ConnectInfo;
+use axum::response::Response;
 use hyper::body::Incoming;
 use hyper_util::rt::{TokioExecutor, TokioIo, TokioTimer};
 use hyper_util::server::conn::auto;
@@ -29,7 +29,7 @@ use tokio::io::{AsyncRead, AsyncWrite};
 use tokio::net::TcpListener;
 use tokio_util::sync::CancellationToken;
 use tokio_util::task::TaskTracker;
-use tower::ServiceExt;
+use tower::{Service, ServiceExt};
 
 use crate::http::access_log::{AccessLog, LoggedBody};
 use crate::service::caller;
@@ -62,6 +62,31 @@ pub struct ConnectionLimits {
     pub per_ip: PerIpLimit,
 }
 
+/// What a listener answers requests with: an axum `Router`, or a service around one
+/// (the client API's, `client_server::ClientApi`). Cloned once per request, so a clone
+/// should be a few reference counts.
+pub trait Routes:
+    Service<hyper::Request<Body>, Response = Response, Error = Infallible, Future: Send + 'static>
+    + Clone
+    + Send
+    + Sync
+    + 'static
+{
+}
+
+impl<S> Routes for S where
+    S: Service<
+            hyper::Request<Body>,
+            Response = Response,
+            Error = Infallible,
+            Future: Send + 'static,
+        > + Clone
+        + Send
+        + Sync
+        + 'static
+{
+}
+
 /// Whether a listener speaks TLS.
 #[derive(Clone)]
 pub enum Transport {
@@ -70,11 +95,11 @@ pub enum Transport {
 }
 
 #[allow(clippy::too_many_arguments)]
-pub async fn serve(
+pub async fn serve<R: Routes>(
     name: &'static str,
     listener: TcpListener,
     transport: Transport,
-    router: Router,
+    router: R,
     stop: CancellationToken,
     limits: ConnectionLimits,
     open_connections: prometheus::IntGauge,
@@ -181,10 +206,10 @@ pub async fn serve(
 }
 
 /// One accepted connection and what serving it needs.
-struct Connection {
+struct Connection<R> {
     name: &'static str,
     peer: SocketAddr,
-    router: Router,
+    router: R,
     access_log: Option<AccessLog>,
     builder: auto::Builder<TokioExecutor>,
     admitted: Admitted,
@@ -193,7 +218,7 @@ struct Connection {
     opened: Instant,
 }
 
-impl Connection {
+impl<R: Routes> Connection<R> {
     async fn serve<I>(self, io: I)
     where
         I: AsyncRead + AsyncWrite + Unpin + Send + 'static,
