@@ -91,6 +91,18 @@ pub fn encode_content_hash(hash: &[u8; 32]) -> String {
     STANDARD.encode(hash)
 }
 
+/// Length of [`encode_content_hash`]'s text (base64 with padding of 32 bytes).
+pub const ENCODED_CONTENT_HASH_LEN: usize = 44;
+
+/// [`encode_content_hash`] into a buffer of the caller's, for paths that answer many
+/// requests (the `ETag` of every GET) and should not allocate for it.
+pub fn encode_content_hash_into(hash: &[u8; 32], out: &mut [u8; ENCODED_CONTENT_HASH_LEN]) {
+    let written = STANDARD
+        .encode_slice(hash, out)
+        .expect("32 bytes encode to 44 base64 characters");
+    debug_assert_eq!(written, ENCODED_CONTENT_HASH_LEN);
+}
+
 impl Event {
     /// The SSE `data` field (lines joined by `\n`).
     pub fn sse_data(&self) -> String {
@@ -159,6 +171,15 @@ pub enum EventParseError {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_content_hash_encodes_alike_into_a_buffer() {
+        for hash in [[0u8; 32], [0xff; 32], std::array::from_fn(|i| i as u8 * 7)] {
+            let mut out = [0; ENCODED_CONTENT_HASH_LEN];
+            encode_content_hash_into(&hash, &mut out);
+            assert_eq!(out.as_slice(), encode_content_hash(&hash).as_bytes());
+        }
+    }
 
     #[test]
     fn sse_round_trip() {

@@ -9,13 +9,14 @@ use axum::http::request::Parts;
 use axum::http::{HeaderMap, HeaderValue, Method, StatusCode, Uri, header};
 use axum::response::{IntoResponse, Response};
 use futures_util::TryStreamExt;
-use homeserver_protocol::event::encode_content_hash;
+use homeserver_protocol::event::{ENCODED_CONTENT_HASH_LEN, encode_content_hash_into};
 use homeserver_protocol::wire::ListResult;
 use homeserver_protocol::{ErrorCode, StoragePath};
 
 use super::AppState;
 use crate::http::error::ApiError;
 use crate::http::extract::request_info;
+use crate::persistence::ValueBytes;
 use crate::service::access::WriteMethod;
 use crate::service::auth::ReadAccess;
 use crate::service::storage::{BodyError, Entry, ListOptions};
@@ -98,23 +99,33 @@ async fn read(app: AppState, parts: Parts, path: StoragePath) -> Result<Response
         return Ok(Json(page).into_response());
     }
     let entry = app.storage.entry(space, &path).await?;
-    if not_modified(&parts.headers, &entry) {
+    let etag = etag(&entry);
+    if not_modified(&parts.headers, &etag) {
         let mut response = StatusCode::NOT_MODIFIED.into_response();
-        entry_headers(response.headers_mut(), &entry);
+        entry_headers(response.headers_mut(), &entry, etag);
         return Ok(response);
     }
     if parts.method == Method::HEAD {
         let mut response = StatusCode::OK.into_response();
-        entry_headers(response.headers_mut(), &entry);
+        entry_headers(response.headers_mut(), &entry, etag);
         response
             .headers_mut()
             .insert(header::CONTENT_LENGTH, HeaderValue::from(entry.size()));
         return Ok(response);
     }
-    let (entry, stream) = app.storage.open(space, &path, entry).await?;
-    let body = Body::from_stream(stream);
+    let opened_hash = *entry.content_hash();
+    let (entry, bytes) = app.storage.open(space, &path, entry).await?;
+    // An overwrite between the read of the entry and the open: the newer one is sent.
+    let etag = match entry.content_hash() == &opened_hash {
+        true => etag,
+        false => self::etag(&entry),
+    };
+    let body = match bytes {
+        ValueBytes::Whole(bytes) => Body::from(bytes),
+        ValueBytes::Stream(stream) => Body::from_stream(stream),
+    };
     let mut response = Response::new(body);
-    entry_headers(response.headers_mut(), &entry);
+    entry_headers(response.headers_mut(), &entry, etag);
     response
         .headers_mut()
         .insert(header::CONTENT_LENGTH, HeaderValue::from(entry.size()));
@@ -122,36 +133,48 @@ async fn read(app: AppState, parts: Parts, path: StoragePath) -> Result<Response
 }
 
 /// The entry's `ETag`: its content hash as every wire format spells it (listings'
-/// `content_hash`, events).
-fn etag(entry: &Entry) -> String {
-    format!("\"{}\"", encode_content_hash(entry.content_hash()))
+/// `content_hash`, events), quoted. Written on the stack: every GET answers with it.
+fn etag(entry: &Entry) -> HeaderValue {
+    let mut quoted = [b'"'; ENCODED_CONTENT_HASH_LEN + 2];
+    let text = (&mut quoted[1..=ENCODED_CONTENT_HASH_LEN])
+        .try_into()
+        .expect("the slice is the encoding's length");
+    encode_content_hash_into(entry.content_hash(), text);
+    HeaderValue::from_bytes(&quoted).expect("quoted base64 is a valid header value")
 }
 
-fn entry_headers(headers: &mut HeaderMap, entry: &Entry) {
+/// `Last-Modified`: an IMF-fixdate, always 29 bytes, written on the stack.
+fn last_modified(entry: &Entry) -> Option<HeaderValue> {
+    let at = std::time::UNIX_EPOCH
+        + std::time::Duration::from_secs(u64::try_from(entry.updated_at()).unwrap_or(0));
+    let mut text = [0u8; 29];
+    let mut out = &mut text[..];
+    std::io::Write::write_fmt(&mut out, format_args!("{}", httpdate::HttpDate::from(at))).ok()?;
+    HeaderValue::from_bytes(&text).ok()
+}
+
+fn entry_headers(headers: &mut HeaderMap, entry: &Entry, etag: HeaderValue) {
     headers.insert(
         header::CONTENT_TYPE,
         HeaderValue::from_static("application/octet-stream"),
     );
-    if let Ok(v) = HeaderValue::from_str(&etag(entry)) {
-        headers.insert(header::ETAG, v);
-    }
-    let modified = std::time::UNIX_EPOCH
-        + std::time::Duration::from_secs(u64::try_from(entry.updated_at()).unwrap_or(0));
-    if let Ok(v) = HeaderValue::from_str(&httpdate::fmt_http_date(modified)) {
+    headers.insert(header::ETAG, etag);
+    if let Some(v) = last_modified(entry) {
         headers.insert(header::LAST_MODIFIED, v);
     }
 }
 
 /// `If-None-Match` per RFC 9110: `*` or a list of (possibly weak) entity tags.
-fn not_modified(headers: &HeaderMap, entry: &Entry) -> bool {
-    let current = etag(entry);
+fn not_modified(headers: &HeaderMap, etag: &HeaderValue) -> bool {
     headers
         .get_all(header::IF_NONE_MATCH)
         .iter()
         .filter_map(|v| v.to_str().ok())
         .flat_map(|v| v.split(','))
         .map(|tag| tag.trim())
-        .any(|tag| tag == "*" || tag.strip_prefix("W/").unwrap_or(tag) == current)
+        .any(|tag| {
+            tag == "*" || tag.strip_prefix("W/").unwrap_or(tag).as_bytes() == etag.as_bytes()
+        })
 }
 
 fn list_options(uri: &Uri) -> Result<ListOptions, ApiError> {

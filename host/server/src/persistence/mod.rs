@@ -38,7 +38,7 @@ pub use blobs::{BlobError, BlobMeta, BlobStore, BlobWriter};
 pub use local_lock::{LocalStorageLock, LockError, lock_local_storage};
 pub use metadata::{MetadataStore, MetadataWrites, StoreError};
 pub use url::{BlobsUrl, DatabaseUrl, S3Settings, Secret};
-pub use values::{ValueWriter, read_value};
+pub use values::{ValueBytes, ValueWriter, read_value};
 
 /// Refuses a database that holds a migration `migrator` does not know (`applied`: the
 /// versions its `_sqlx_migrations` records): a newer homeserver migrated it, and this

@@ -104,18 +104,34 @@ fn new_blob(blobs: &BlobStore, user: &str) -> State {
     State::Blob { key, writer }
 }
 
-/// Streams a value's bytes; `size` is the size its entry records.
+/// A value's bytes as read: whole when they were in memory already (an inline value),
+/// otherwise streamed.
+pub enum ValueBytes {
+    /// All of it; a response can send it as one body without a stream around it.
+    Whole(Bytes),
+    Stream(BoxStream<'static, Result<Bytes, BlobError>>),
+}
+
+impl ValueBytes {
+    pub fn into_stream(self) -> BoxStream<'static, Result<Bytes, BlobError>> {
+        match self {
+            ValueBytes::Whole(bytes) => {
+                futures_util::stream::once(async move { Ok(bytes) }).boxed()
+            }
+            ValueBytes::Stream(stream) => stream,
+        }
+    }
+}
+
+/// Opens a value's bytes; `size` is the size its entry records.
 pub async fn read_value(
     blobs: &BlobStore,
     stored: &Stored,
     size: u64,
-) -> Result<BoxStream<'static, Result<Bytes, BlobError>>, BlobError> {
+) -> Result<ValueBytes, BlobError> {
     match stored {
-        Stored::Blob(key) => blobs.get(key, size).await,
-        Stored::Inline(bytes) if bytes.len() as u64 == size => {
-            let bytes = bytes.clone();
-            Ok(futures_util::stream::once(async move { Ok(bytes) }).boxed())
-        }
+        Stored::Blob(key) => blobs.get(key, size).await.map(ValueBytes::Stream),
+        Stored::Inline(bytes) if bytes.len() as u64 == size => Ok(ValueBytes::Whole(bytes.clone())),
         Stored::Inline(bytes) => Err(BlobError::Damaged(format!(
             "an inline value has {} bytes, its entry says {size}",
             bytes.len()
@@ -152,6 +168,7 @@ mod tests {
         let chunks: Vec<Bytes> = read_value(blobs, stored, size)
             .await
             .expect("open")
+            .into_stream()
             .try_collect()
             .await
             .expect("read");

@@ -8,6 +8,7 @@
 //! invalidation epoch before reading the database and, after inserting, removes its
 //! insert again if any invalidation happened meanwhile, so a stale row never stays.
 
+use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
 
 use quick_cache::sync::Cache;
@@ -30,8 +31,8 @@ fn expected_entries(bytes: u64) -> usize {
 #[derive(Clone)]
 struct EntryWeighter;
 
-impl quick_cache::Weighter<String, EntryRecord> for EntryWeighter {
-    fn weight(&self, key: &String, record: &EntryRecord) -> u64 {
+impl quick_cache::Weighter<String, Arc<EntryRecord>> for EntryWeighter {
+    fn weight(&self, key: &String, record: &Arc<EntryRecord>) -> u64 {
         let stored = match &record.stored {
             Stored::Blob(key) => key.len(),
             Stored::Inline(bytes) => bytes.len(),
@@ -41,7 +42,8 @@ impl quick_cache::Weighter<String, EntryRecord> for EntryWeighter {
 }
 
 pub struct EntryCache {
-    entries: Cache<String, EntryRecord, EntryWeighter>,
+    /// Shared records: a hit costs a reference count, not a copy of the path and key.
+    entries: Cache<String, Arc<EntryRecord>, EntryWeighter>,
     epoch: AtomicU64,
     /// False on a store shared by several instances: another instance's write is only
     /// seen by this one's tailer some time after it was acknowledged, so a cached row
@@ -86,7 +88,7 @@ impl EntryCache {
         }
     }
 
-    pub fn get(&self, user: &str, path: &str) -> Option<EntryRecord> {
+    pub fn get(&self, user: &str, path: &str) -> Option<Arc<EntryRecord>> {
         if !self.enabled {
             return None;
         }
@@ -99,7 +101,7 @@ impl EntryCache {
     }
 
     /// Caches what a read found, unless a write may have changed it since `ticket`.
-    pub fn insert(&self, ticket: ReadTicket, user: &str, path: &str, record: EntryRecord) {
+    pub fn insert(&self, ticket: ReadTicket, user: &str, path: &str, record: Arc<EntryRecord>) {
         if !self.enabled {
             return;
         }
@@ -130,15 +132,15 @@ impl EntryCache {
 mod tests {
     use super::*;
 
-    fn record(size: u64) -> EntryRecord {
-        EntryRecord {
+    fn record(size: u64) -> Arc<EntryRecord> {
+        Arc::new(EntryRecord {
             path: "/pub/a".into(),
             stored: Stored::Blob("k".into()),
             size,
             content_hash: [0; 32],
             created_at: 0,
             updated_at: 0,
-        }
+        })
     }
 
     #[test]

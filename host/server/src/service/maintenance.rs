@@ -379,8 +379,9 @@ pub async fn export_user<W: Write + Send + 'static>(
             }))?;
             let full = page.len() == PAGE as usize;
             for entry in &page {
-                let stream =
-                    handle.block_on(read_value(&stores.blobs, &entry.stored, entry.size))?;
+                let stream = handle
+                    .block_on(read_value(&stores.blobs, &entry.stored, entry.size))?
+                    .into_stream();
                 let reader = tokio_util::io::StreamReader::new(stream.map_err(blob_io));
                 let reader = tokio_util::io::SyncIoBridge::new_with_handle(reader, handle.clone());
                 let hash = STANDARD.encode(entry.content_hash);

@@ -17,7 +17,7 @@ use std::sync::Arc;
 use base64::Engine;
 use base64::engine::general_purpose::URL_SAFE_NO_PAD;
 use bytes::Bytes;
-use futures_util::{Stream, StreamExt, TryStreamExt};
+use futures_util::{Stream, StreamExt};
 use homeserver_protocol::event::encode_content_hash;
 use homeserver_protocol::wire::{AccountInfo, DeleteResult, ListEntry, ListResult, PutResult};
 use homeserver_protocol::{BodyHash, PublicKey, StoragePath};
@@ -36,12 +36,14 @@ use crate::persistence::metadata::{
     DeleteOutcome, EntryRange, NewEntry, PutOutcome, QuotaExceeded,
 };
 use crate::persistence::rules::check_quota;
-use crate::persistence::{BlobStore, MetadataStore, MetadataWrites, ValueWriter, read_value};
+use crate::persistence::{
+    BlobStore, MetadataStore, MetadataWrites, ValueBytes, ValueWriter, read_value,
+};
 
 /// One stored value as routes see it: what its response headers say. Where its bytes
 /// live (the blob key) stays inside the service; [`StorageService::open`] reads them.
 #[derive(Debug, Clone)]
-pub struct Entry(EntryRecord);
+pub struct Entry(Arc<EntryRecord>);
 
 impl Entry {
     pub fn size(&self) -> u64 {
@@ -389,7 +391,7 @@ impl StorageService {
         &self,
         space: &PublicKey,
         path: &StoragePath,
-    ) -> Result<EntryRecord, ServiceError> {
+    ) -> Result<Arc<EntryRecord>, ServiceError> {
         let user = space.to_z32();
         if let Some(hit) = self.entry_cache.get(&user, path.as_str()) {
             return Ok(hit);
@@ -399,6 +401,7 @@ impl StorageService {
             .metadata
             .entry(&user, path.as_str())
             .await?
+            .map(Arc::new)
             .ok_or_else(|| not_found(path))?;
         self.entry_cache
             .insert(ticket, &user, path.as_str(), record.clone());
@@ -407,25 +410,17 @@ impl StorageService {
 
     /// Opens an entry's bytes. A concurrent overwrite may delete the blob between the
     /// metadata read and the open; then the entry is read again (a few times at most).
+    /// An error while streaming is what a response body reports (the connection ends).
     pub async fn open(
         &self,
         space: &PublicKey,
         path: &StoragePath,
         entry: Entry,
-    ) -> Result<
-        (
-            Entry,
-            futures_util::stream::BoxStream<'static, Result<Bytes, std::io::Error>>,
-        ),
-        ServiceError,
-    > {
+    ) -> Result<(Entry, ValueBytes), ServiceError> {
         let Entry(mut record) = entry;
         for _ in 0..3 {
             match read_value(&self.blobs, &record.stored, record.size).await {
-                // An I/O error is what a response body reports (the connection ends).
-                Ok(stream) => {
-                    return Ok((Entry(record), stream.map_err(std::io::Error::other).boxed()));
-                }
+                Ok(bytes) => return Ok((Entry(record), bytes)),
                 Err(BlobError::NotFound(_)) => {
                     // The cached row may be the stale one: ask the database.
                     self.entry_cache.invalidate(&space.to_z32(), path.as_str());
