@@ -17,8 +17,9 @@ use std::task::{Context, Poll};
 use std::time::Instant;
 
 use axum::Router;
+use axum::body::Body;
 use axum::extract::{ConnectInfo, Request};
-use axum::http::{HeaderMap, HeaderValue};
+use axum::http::{HeaderMap, HeaderValue, Method, header};
 use axum::response::{IntoResponse, Response};
 use homeserver_protocol::ErrorCode;
 use tower::{Service, ServiceExt};
@@ -129,6 +130,11 @@ async fn observe_and_limit(app: AppState, mut request: Request, routes: Router) 
             if let Ok(v) = HeaderValue::from_str(&decision.retry_after.to_string()) {
                 response.headers_mut().insert("retry-after", v);
             }
+            if method == Method::HEAD {
+                // Answered outside the routes, so axum does not strip it: hyper's HTTP/2
+                // would send the body, a protocol error on a HEAD stream.
+                without_body(&mut response);
+            }
             response
         }
         _ => {
@@ -170,6 +176,16 @@ async fn caller(app: &AppState, classified: &Classified, ip: IpAddr) -> Caller {
         _ => {}
     }
     Caller::Ip(ip)
+}
+
+/// Drops a HEAD answer's body, keeping the `Content-Length` a GET would have had.
+fn without_body(response: &mut Response) {
+    if let Some(length) = http_body::Body::size_hint(response.body()).exact() {
+        response
+            .headers_mut()
+            .insert(header::CONTENT_LENGTH, HeaderValue::from(length));
+    }
+    *response.body_mut() = Body::empty();
 }
 
 fn rate_headers(headers: &mut HeaderMap, d: &Decision) {

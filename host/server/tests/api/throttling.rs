@@ -77,6 +77,38 @@ async fn rate_limits_headers_429_and_recovery() {
     .await;
 }
 
+/// A refused HEAD carries no body, also over HTTP/2, where a DATA frame on a HEAD
+/// stream is a protocol error the client resets the stream for (hyper's HTTP/1 drops a
+/// HEAD answer's body itself, HTTP/2 sends what it is given).
+#[tokio::test]
+async fn a_refused_head_has_no_body_on_http2() {
+    let host = TestHost::start_single_with(|c| {
+        c.rate_limit.enabled = true;
+        c.rate_limit.anonymous_per_minute = 2;
+    })
+    .await;
+    let owner = Keypair::random();
+    let h2 = reqwest::Client::builder()
+        .http2_prior_knowledge()
+        .build()
+        .unwrap();
+    let mut statuses = Vec::new();
+    for _ in 0..4 {
+        let r = h2
+            .head(format!("{}/pub/x", host.url))
+            .header("Pubky-Host", owner.public_key().to_z32())
+            .send()
+            .await
+            .expect("an answer over HTTP/2");
+        assert_eq!(r.version(), reqwest::Version::HTTP_2);
+        let status = r.status().as_u16();
+        let body = r.bytes().await.expect("a HEAD answer's body, empty");
+        assert!(body.is_empty(), "{status}: {body:?}");
+        statuses.push(status);
+    }
+    assert!(statuses.contains(&429), "{statuses:?}");
+}
+
 #[tokio::test]
 async fn bad_credentials_count_against_the_ip() {
     let host = TestHost::start_single_with(|c| {
