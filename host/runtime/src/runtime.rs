@@ -481,12 +481,23 @@ impl PolicyRuntime {
         self: &Arc<Self>,
         req: AuthorizeRequest,
     ) -> Result<Decision, GuestFailure> {
+        // Most reads are answered before: no lists for one question then.
+        if let Some(known) = self.known_decision(&req) {
+            return Ok(known);
+        }
         let mut decisions = self.authorize_many_isolated(vec![req]).await?;
         decisions.pop().ok_or_else(|| GuestFailure::Trap {
             slot: Slot::CapabilityPolicy,
             message: "no decision came back".into(),
             kind: TrapKind::Other,
         })
+    }
+
+    /// The capability policy's answer to `req` when it is known without calling the
+    /// guest (answered before, or a public read of a 0.1.0 policy); `None`: ask with
+    /// [`Self::authorize_isolated`].
+    pub fn known_decision(&self, req: &AuthorizeRequest) -> Option<Decision> {
+        self.module(Slot::CapabilityPolicy)?.known_decision(req)
     }
 
     /// Which capability-policy module answers now (0: none is loaded). Its public

@@ -2,6 +2,7 @@
 //! the Pubky-Host and the client's address. Malformed credentials are answered here (401), before any service
 //! runs.
 
+use std::borrow::Cow;
 use std::net::IpAddr;
 
 use axum::http::request::Parts;
@@ -19,31 +20,30 @@ pub struct ClientIp(pub IpAddr);
 
 /// The parts of a request the storage routes use.
 #[derive(Debug)]
-pub struct RequestInfo {
+pub struct RequestInfo<'a> {
     pub method: Method,
     /// Path plus `?query` exactly as sent: what a signature covers.
-    pub target: String,
+    pub target: &'a str,
     pub credentials: Credentials,
     pub host: Option<PublicKey>,
     /// The body's SHA-256 as declared in `Content-Digest`, if sent.
     pub declared_body: Option<BodyHash>,
 }
 
-impl RequestInfo {
+impl RequestInfo<'_> {
     pub fn signed_target(&self) -> SignedTarget<'_> {
         SignedTarget {
             method: self.method.as_str(),
-            target: &self.target,
+            target: self.target,
         }
     }
 }
 
 /// The request target as sent: origin-form path and query. (A proxy's absolute-form URI
 /// is reduced to the same, so signatures still verify.)
-pub fn target_of(uri: &Uri) -> String {
+pub fn target_of(uri: &Uri) -> &str {
     uri.path_and_query()
-        .map(|pq| pq.as_str().to_owned())
-        .unwrap_or_else(|| uri.path().to_owned())
+        .map_or_else(|| uri.path(), |pq| pq.as_str())
 }
 
 /// A request's credentials, classified once by the client API's first layer
@@ -66,7 +66,7 @@ pub fn classify(parts: &Parts) -> Classified {
                     declared_body(&parts.headers).ok().flatten()
                 };
                 if let Some(body) = body {
-                    let _ = signed.prove(parts.method.as_str(), &target_of(&parts.uri), &body);
+                    let _ = signed.prove(parts.method.as_str(), target_of(&parts.uri), &body);
                 }
                 Credentials::Signed(signed)
             }
@@ -118,16 +118,15 @@ pub fn declared_body(headers: &HeaderMap) -> Result<Option<BodyHash>, ApiError> 
 
 pub fn host(headers: &HeaderMap, uri: &Uri) -> Result<Option<PublicKey>, ApiError> {
     let raw = match headers.get(PUBKY_HOST_HEADER) {
-        Some(v) => Some(
+        Some(v) => Some(Cow::Borrowed(
             v.to_str()
                 .map_err(|_| bad_host("Pubky-Host header is not ASCII".into()))?
-                .trim()
-                .to_owned(),
-        ),
+                .trim(),
+        )),
         None => uri.query().and_then(|q| {
             url_query_pairs(q)
                 .find(|(k, _)| k == PUBKY_HOST_QUERY)
-                .map(|(_, v)| v)
+                .map(|(_, v)| Cow::Owned(v))
         }),
     };
     raw.map(|s| {
@@ -146,7 +145,7 @@ pub fn url_query_pairs(query: &str) -> impl Iterator<Item = (String, String)> + 
     form_urlencoded::parse(query.as_bytes()).map(|(k, v)| (k.into_owned(), v.into_owned()))
 }
 
-pub fn request_info(parts: &Parts) -> Result<RequestInfo, ApiError> {
+pub fn request_info(parts: &Parts) -> Result<RequestInfo<'_>, ApiError> {
     Ok(RequestInfo {
         method: parts.method.clone(),
         target: target_of(&parts.uri),

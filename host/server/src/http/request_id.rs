@@ -140,8 +140,11 @@ fn plausible(id: &HeaderValue) -> bool {
 /// A new random (v4) UUID, hyphenated.
 fn new_id() -> HeaderValue {
     let mut text = [0u8; uuid::fmt::Hyphenated::LENGTH];
-    let text = uuid::Uuid::new_v4().hyphenated().encode_lower(&mut text);
-    HeaderValue::from_str(text).expect("a hyphenated UUID is a valid header value")
+    uuid::Uuid::new_v4().hyphenated().encode_lower(&mut text);
+    // Owned by one allocation that its clones (the request's header, the answer's)
+    // share; a value copied from a slice allocates again at its first clone.
+    HeaderValue::from_maybe_shared(bytes::Bytes::from_owner(text))
+        .expect("a hyphenated UUID is a valid header value")
 }
 
 fn request_span<B>(request: &Request<B>, id: &HeaderValue) -> tracing::Span {

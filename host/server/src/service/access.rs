@@ -103,16 +103,18 @@ impl AccessControl {
         &self,
         request: AuthorizeRequest,
     ) -> Result<Option<ServiceError>, ServiceError> {
-        let public = request.caller == PolicyCaller::Public;
-        let path = request.path.clone();
-        let decision = self
-            .policy
-            .authorize_isolated(request)
-            .await
-            .map_err(guest_failed)?;
+        let decision = match self.policy.known_decision(&request) {
+            Some(known) => known,
+            // The request is kept for the refusal's text; a guest call costs far more.
+            None => self
+                .policy
+                .authorize_isolated(request.clone())
+                .await
+                .map_err(guest_failed)?,
+        };
         Ok((!decision.allow).then(|| {
-            if public {
-                ServiceError::NotFound(format!("no entry at {path}"))
+            if request.caller == PolicyCaller::Public {
+                ServiceError::NotFound(format!("no entry at {}", request.path))
             } else {
                 ServiceError::Forbidden(if decision.reason.is_empty() {
                     "denied by the capability policy".to_owned()
