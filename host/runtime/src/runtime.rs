@@ -474,18 +474,17 @@ impl PolicyRuntime {
         failure
     }
 
-    /// [`authorize`](Self::authorize) on the async runtime (see `isolated`). A public
-    /// read answered before (or asked of a 0.1.0 policy) is answered here, without a
-    /// guest call.
+    /// [`authorize`](Self::authorize) on the async runtime (see `isolated`). A read
+    /// answered before (or a public one asked of a 0.1.0 policy) is answered here,
+    /// without a guest call and without a copy of the request (most reads are).
     pub async fn authorize_isolated(
         self: &Arc<Self>,
-        req: AuthorizeRequest,
+        req: &AuthorizeRequest,
     ) -> Result<Decision, GuestFailure> {
-        // Most reads are answered before: no lists for one question then.
-        if let Some(known) = self.known_decision(&req) {
+        if let Some(known) = self.known_decision(req) {
             return Ok(known);
         }
-        let mut decisions = self.authorize_many_isolated(vec![req]).await?;
+        let mut decisions = self.authorize_many_isolated(vec![req.clone()]).await?;
         decisions.pop().ok_or_else(|| GuestFailure::Trap {
             slot: Slot::CapabilityPolicy,
             message: "no decision came back".into(),
@@ -494,9 +493,8 @@ impl PolicyRuntime {
     }
 
     /// The capability policy's answer to `req` when it is known without calling the
-    /// guest (answered before, or a public read of a 0.1.0 policy); `None`: ask with
-    /// [`Self::authorize_isolated`].
-    pub fn known_decision(&self, req: &AuthorizeRequest) -> Option<Decision> {
+    /// guest (answered before, or a public read of a 0.1.0 policy).
+    fn known_decision(&self, req: &AuthorizeRequest) -> Option<Decision> {
         self.module(Slot::CapabilityPolicy)?.known_decision(req)
     }
 

@@ -92,7 +92,7 @@ async fn python_policy() {
     let ask = |operation, path: &str, caller| {
         let runtime = Arc::clone(&runtime);
         let req = AuthorizeRequest::new(operation, path, caller, String::new());
-        async move { runtime.authorize_isolated(req).await.unwrap() }
+        async move { runtime.authorize_isolated(&req).await.unwrap() }
     };
     let session = || Caller::Session {
         capabilities: vec!["write:/pub/app/".into()],

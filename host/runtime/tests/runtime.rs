@@ -298,7 +298,7 @@ fn a_public_question_asked_by_many_at_once_is_put_to_the_guest_once() {
                     if i % 2 == 0 {
                         vec![
                             runtime
-                                .authorize_isolated(public("/pub/new"))
+                                .authorize_isolated(&public("/pub/new"))
                                 .await
                                 .unwrap(),
                         ]
@@ -944,7 +944,7 @@ fn a_call_abandoned_by_its_caller_is_counted_as_cancelled() {
         // The looping call is given up after 200 ms, long before its 5 s deadline.
         let gave_up = tokio::time::timeout(
             Duration::from_millis(200),
-            runtime.authorize_isolated(owner(Operation::Read, "/pub/loop")),
+            runtime.authorize_isolated(&owner(Operation::Read, "/pub/loop")),
         )
         .await;
         assert!(
@@ -953,7 +953,7 @@ fn a_call_abandoned_by_its_caller_is_counted_as_cancelled() {
         );
         // Its place is free: the next call is answered, not refused as busy.
         let decision = runtime
-            .authorize_isolated(owner(Operation::Read, "/pub/ok"))
+            .authorize_isolated(&owner(Operation::Read, "/pub/ok"))
             .await
             .unwrap();
         assert!(decision.allow);
@@ -996,7 +996,7 @@ fn async_calls_wait_for_a_place_then_fail_closed() {
             let runtime = runtime.clone();
             async move {
                 runtime
-                    .authorize_isolated(owner(Operation::Read, "/pub/loop"))
+                    .authorize_isolated(&owner(Operation::Read, "/pub/loop"))
                     .await
             }
         });
@@ -1004,7 +1004,7 @@ fn async_calls_wait_for_a_place_then_fail_closed() {
         // this one gives up waiting.
         tokio::time::sleep(Duration::from_millis(500)).await;
         let busy = runtime
-            .authorize_isolated(owner(Operation::Read, "/pub/ok"))
+            .authorize_isolated(&owner(Operation::Read, "/pub/ok"))
             .await
             .unwrap_err();
         assert!(matches!(busy, GuestFailure::Busy { .. }), "{busy}");
@@ -1018,7 +1018,7 @@ fn async_calls_wait_for_a_place_then_fail_closed() {
         let mut busy_again = 0;
         let decision = loop {
             match runtime
-                .authorize_isolated(owner(Operation::Read, "/pub/ok"))
+                .authorize_isolated(&owner(Operation::Read, "/pub/ok"))
                 .await
             {
                 Err(GuestFailure::Busy { .. }) if started.elapsed() < Duration::from_secs(10) => {
@@ -1092,7 +1092,7 @@ fn looping_calls_are_held_to_their_share_of_the_cores() {
                 let runtime = runtime.clone();
                 tokio::spawn(async move {
                     runtime
-                        .authorize_isolated(owner(Operation::Read, "/pub/loop"))
+                        .authorize_isolated(&owner(Operation::Read, "/pub/loop"))
                         .await
                 })
             })

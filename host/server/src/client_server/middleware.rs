@@ -73,9 +73,16 @@ impl Service<Request> for Observed {
             return Box::pin(self.probes.clone().oneshot(request));
         }
         let (app, routes) = (self.app.clone(), self.routes.clone());
+        let head = request.method() == Method::HEAD;
         Box::pin(async move {
             let (request, watch) = unread_body::watch(request);
             let mut response = observe_and_limit(app, request, routes).await;
+            if head {
+                // axum strips a HEAD answer's body inside its routes only; the 429 is
+                // made here, and hyper's HTTP/2 would send its body (a protocol error
+                // on a HEAD stream).
+                without_body(&mut response);
+            }
             if let Some(watch) = watch {
                 watch.close_if_unread(&mut response);
             }
@@ -130,11 +137,6 @@ async fn observe_and_limit(app: AppState, mut request: Request, routes: Router) 
             if let Ok(v) = HeaderValue::from_str(&decision.retry_after.to_string()) {
                 response.headers_mut().insert("retry-after", v);
             }
-            if method == Method::HEAD {
-                // Answered outside the routes, so axum does not strip it: hyper's HTTP/2
-                // would send the body, a protocol error on a HEAD stream.
-                without_body(&mut response);
-            }
             response
         }
         _ => {
@@ -178,9 +180,15 @@ async fn caller(app: &AppState, classified: &Classified, ip: IpAddr) -> Caller {
     Caller::Ip(ip)
 }
 
-/// Drops a HEAD answer's body, keeping the `Content-Length` a GET would have had.
+/// Drops a HEAD answer's body, keeping the `Content-Length` a GET would have had. An
+/// answer the routes stripped already is left as axum made it.
 fn without_body(response: &mut Response) {
-    if let Some(length) = http_body::Body::size_hint(response.body()).exact() {
+    if http_body::Body::is_end_stream(response.body()) {
+        return;
+    }
+    if !response.headers().contains_key(header::CONTENT_LENGTH)
+        && let Some(length) = http_body::Body::size_hint(response.body()).exact()
+    {
         response
             .headers_mut()
             .insert(header::CONTENT_LENGTH, HeaderValue::from(length));

@@ -2,6 +2,8 @@
 //! is a listing (GET only). HTTP concerns live here (headers, conditional requests,
 //! streaming bodies); the rules are in `service::storage`.
 
+use std::io::Write;
+
 use axum::Json;
 use axum::body::Body;
 use axum::extract::{Request, State};
@@ -148,8 +150,7 @@ fn last_modified(entry: &Entry) -> Option<HeaderValue> {
     let at = std::time::UNIX_EPOCH
         + std::time::Duration::from_secs(u64::try_from(entry.updated_at()).unwrap_or(0));
     let mut text = [0u8; 29];
-    let mut out = &mut text[..];
-    std::io::Write::write_fmt(&mut out, format_args!("{}", httpdate::HttpDate::from(at))).ok()?;
+    write!(&mut text[..], "{}", httpdate::HttpDate::from(at)).ok()?;
     HeaderValue::from_bytes(&text).ok()
 }
 

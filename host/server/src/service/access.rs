@@ -103,15 +103,11 @@ impl AccessControl {
         &self,
         request: AuthorizeRequest,
     ) -> Result<Option<ServiceError>, ServiceError> {
-        let decision = match self.policy.known_decision(&request) {
-            Some(known) => known,
-            // The request is kept for the refusal's text; a guest call costs far more.
-            None => self
-                .policy
-                .authorize_isolated(request.clone())
-                .await
-                .map_err(guest_failed)?,
-        };
+        let decision = self
+            .policy
+            .authorize_isolated(&request)
+            .await
+            .map_err(guest_failed)?;
         Ok((!decision.allow).then(|| {
             if request.caller == PolicyCaller::Public {
                 ServiceError::NotFound(format!("no entry at {}", request.path))
