@@ -3,6 +3,9 @@
 //! `X-RateLimit-*` headers, request metrics, and `Connection: close` on an answer given
 //! before the request's body was read ([`crate::http::unread_body`]).
 //!
+//! Storage paths (`/pub/...`, `/private/...`) go straight to their handler
+//! ([`storage::serve`]); the router answers the rest.
+//!
 //! One tower service around the routes ([`Observed`]) rather than axum middleware added
 //! with `Router::layer`: each such layer wraps every route in one more boxed service,
 //! and a request clones the whole nest at each level on its way in (13 allocations of
@@ -24,7 +27,7 @@ use axum::response::{IntoResponse, Response};
 use homeserver_protocol::ErrorCode;
 use tower::{Service, ServiceExt};
 
-use super::AppState;
+use super::{AppState, storage};
 use crate::http::error::ApiError;
 use crate::http::extract::{Classified, ClientIp, classify};
 use crate::http::rate_limit::{Caller, Decision};
@@ -140,9 +143,13 @@ async fn observe_and_limit(app: AppState, mut request: Request, routes: Router) 
             response
         }
         _ => {
-            let mut response = match routes.oneshot(request).await {
-                Ok(response) => response,
-                Err(never) => match never {},
+            let mut response = if storage::is_storage_path(request.uri().path()) {
+                storage::serve(app.clone(), request).await
+            } else {
+                match routes.oneshot(request).await {
+                    Ok(response) => response,
+                    Err(never) => match never {},
+                }
             };
             if let Some((decision, _)) = limited {
                 rate_headers(response.headers_mut(), &decision);
