@@ -36,6 +36,8 @@ pub struct Connections {
     gauge: prometheus::IntGauge,
     /// The time origin of `last_active` stamps.
     origin: Instant,
+    /// The listener's stop; each connection's close token is a child of it.
+    stop: CancellationToken,
     next_id: AtomicU64,
     open: Mutex<HashMap<u64, Arc<ConnectionState>>>,
 }
@@ -48,19 +50,21 @@ pub struct ConnectionState {
     served: AtomicU64,
     /// Milliseconds since the registry's origin.
     last_active_ms: AtomicU64,
-    /// Cancelled when the connection must close to make room.
-    evicted: CancellationToken,
+    /// Cancelled when the connection must close: to make room, or because the listener
+    /// stops (a child of its stop token, so a connection's task waits on one token, not
+    /// two, at each wake).
+    close: CancellationToken,
 }
 
 impl ConnectionState {
-    fn new(origin: Instant, ip: IpAddr) -> Self {
+    fn new(origin: Instant, ip: IpAddr, close: CancellationToken) -> Self {
         let state = Self {
             origin,
             ip,
             in_flight: AtomicUsize::new(0),
             served: AtomicU64::new(0),
             last_active_ms: AtomicU64::new(0),
-            evicted: CancellationToken::new(),
+            close,
         };
         state.touch();
         state
@@ -97,9 +101,10 @@ impl ConnectionState {
         now.saturating_sub(last)
     }
 
-    /// Resolves when the registry wants this connection closed.
-    pub fn evicted(&self) -> &CancellationToken {
-        &self.evicted
+    /// Cancelled when this connection must close: the registry wants its place, or the
+    /// listener stops (see its stop token to tell which).
+    pub fn told_to_close(&self) -> &CancellationToken {
+        &self.close
     }
 }
 
@@ -139,8 +144,13 @@ pub struct PerIpLimit {
 
 impl Connections {
     /// A registry of at most `max` connections (and `per_ip.max` from one address)
-    /// whose count `gauge` shows.
-    pub fn new(max: usize, per_ip: PerIpLimit, gauge: prometheus::IntGauge) -> Arc<Self> {
+    /// whose count `gauge` shows, for a listener that `stop` stops.
+    pub fn new(
+        max: usize,
+        per_ip: PerIpLimit,
+        gauge: prometheus::IntGauge,
+        stop: &CancellationToken,
+    ) -> Arc<Self> {
         let max = max.max(1);
         Arc::new(Self {
             max,
@@ -148,6 +158,7 @@ impl Connections {
             exempt: per_ip.exempt,
             gauge,
             origin: Instant::now(),
+            stop: stop.clone(),
             next_id: AtomicU64::new(0),
             open: Mutex::new(HashMap::new()),
         })
@@ -179,7 +190,11 @@ impl Connections {
             evict_longest_idle(&mut open, |_| true)?;
         }
         let id = self.next_id.fetch_add(1, Ordering::Relaxed);
-        let state = Arc::new(ConnectionState::new(self.origin, ip));
+        let state = Arc::new(ConnectionState::new(
+            self.origin,
+            ip,
+            self.stop.child_token(),
+        ));
         open.insert(id, state.clone());
         self.gauge.set(open.len() as i64);
         Some(Admitted {
@@ -198,11 +213,11 @@ fn evict_longest_idle(
 ) -> Option<()> {
     let victim = open
         .iter()
-        .filter(|(_, c)| which(c) && c.is_idle() && !c.evicted.is_cancelled())
+        .filter(|(_, c)| which(c) && c.is_idle() && !c.close.is_cancelled())
         .max_by_key(|(_, c)| c.idle_for())
         .map(|(id, _)| *id)?;
     if let Some(state) = open.remove(&victim) {
-        state.evicted.cancel();
+        state.close.cancel();
     }
     Some(())
 }
@@ -259,7 +274,8 @@ mod tests {
 
     #[test]
     fn admits_up_to_the_limit_then_evicts_the_longest_idle() {
-        let registry = Connections::new(2, PerIpLimit::default(), gauge());
+        let registry =
+            Connections::new(2, PerIpLimit::default(), gauge(), &CancellationToken::new());
         let first = registry.admit(A).expect("room");
         std::thread::sleep(Duration::from_millis(5));
         let second = registry.admit(A).expect("room");
@@ -267,8 +283,11 @@ mod tests {
         assert_eq!(registry.gauge.get(), 2);
 
         let third = registry.admit(A).expect("an idle connection gives way");
-        assert!(first.state.evicted().is_cancelled(), "the oldest idle goes");
-        assert!(!second.state.evicted().is_cancelled());
+        assert!(
+            first.state.told_to_close().is_cancelled(),
+            "the oldest idle goes"
+        );
+        assert!(!second.state.told_to_close().is_cancelled());
         assert_eq!(registry.len(), 2);
         drop(first); // its task ends; the registry already forgot it
         assert_eq!(registry.len(), 2);
@@ -278,16 +297,17 @@ mod tests {
 
     #[test]
     fn busy_connections_are_never_evicted() {
-        let registry = Connections::new(1, PerIpLimit::default(), gauge());
+        let registry =
+            Connections::new(1, PerIpLimit::default(), gauge(), &CancellationToken::new());
         let busy = registry.admit(A).expect("room");
         let request = busy.state.request_started();
         assert!(registry.admit(A).is_none(), "the only connection is busy");
-        assert!(!busy.state.evicted().is_cancelled());
+        assert!(!busy.state.told_to_close().is_cancelled());
         drop(request);
         assert!(busy.state.is_idle());
         assert_eq!(busy.state.served(), 1);
         let _next = registry.admit(A).expect("idle again");
-        assert!(busy.state.evicted().is_cancelled());
+        assert!(busy.state.told_to_close().is_cancelled());
     }
 
     #[test]
@@ -296,7 +316,7 @@ mod tests {
             max: 2,
             exempt: Arc::new(HashSet::from([B])),
         };
-        let registry = Connections::new(10, per_ip, gauge());
+        let registry = Connections::new(10, per_ip, gauge(), &CancellationToken::new());
         let first = registry.admit(A).expect("room");
         let second = registry.admit(A).expect("room");
         let (_r1, _r2) = (
@@ -316,7 +336,7 @@ mod tests {
         drop(idle);
         drop(_r1);
         let _third = registry.admit(A).expect("A's idle connection gives way");
-        assert!(first.state.evicted().is_cancelled());
-        assert!(!second.state.evicted().is_cancelled());
+        assert!(first.state.told_to_close().is_cancelled());
+        assert!(!second.state.told_to_close().is_cancelled());
     }
 }

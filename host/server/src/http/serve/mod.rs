@@ -113,6 +113,7 @@ pub async fn serve<R: Routes>(
         limits.max_connections,
         limits.per_ip.clone(),
         open_connections,
+        &stop,
     );
     let tracker = TaskTracker::new();
     let mut builder = auto::Builder::new(TokioExecutor::new());
@@ -293,22 +294,26 @@ impl<R: Routes> Connection<R> {
             }
             .max(Duration::from_millis(10));
             tokio::select! {
+                // The connection first: it is what wakes this task, request by request.
+                biased;
                 result = connection.as_mut() => {
                     if let Err(e) = result {
                         tracing::debug!(listener = name, %peer, error = %e, "connection ended with an error");
                     }
                     break;
                 }
-                _ = state.evicted().cancelled(), if closing.is_none() => {
+                // Evicted, or the listener stops (one token: `Connections`).
+                _ = state.told_to_close().cancelled(), if closing.is_none() => {
+                    if stop.is_cancelled() {
+                        connection.as_mut().graceful_shutdown();
+                        closing = Some(tokio::time::Instant::now() + DRAIN_TIMEOUT);
+                        continue;
+                    }
                     if state.served() == 0 {
                         break; // never spoke: nothing to finish
                     }
                     connection.as_mut().graceful_shutdown();
                     closing = Some(tokio::time::Instant::now() + CLOSE_GRACE);
-                }
-                _ = stop.cancelled(), if closing.is_none() => {
-                    connection.as_mut().graceful_shutdown();
-                    closing = Some(tokio::time::Instant::now() + DRAIN_TIMEOUT);
                 }
                 _ = tokio::time::sleep(check_in), if closing.is_none() => {
                     if state.served() == 0 && opened.elapsed() >= limits.header_read_timeout {
