@@ -106,6 +106,9 @@ fn init_logging(
         LogFormat::Text => fmt.with_filter(not_access).boxed(),
     };
     let (access, guard) = output::layer(format, std::io::stdout())?;
+    // This process's request lines skip tracing's dispatch (the filter above still
+    // decides whether there are any: `AccessLog::start`).
+    access.take_lines_directly();
     tracing_subscriber::registry()
         .with(filter)
         .with(fmt)

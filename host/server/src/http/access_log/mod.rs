@@ -184,29 +184,31 @@ impl Line {
     fn write(&self) {
         let started = &self.started;
         let path = logged_target(&started.uri);
-        let request_id = self
-            .request_id
-            .as_ref()
-            .and_then(|v| v.to_str().ok())
-            .unwrap_or("");
-        tracing::info!(
-            target: TARGET,
-            listener = %started.listener,
-            request_id = %request_id,
-            method = %started.method,
-            path = &*path,
-            status = self.status,
-            bytes_in = started
+        let fields = output::Fields {
+            listener: started.listener,
+            request_id: self
+                .request_id
+                .as_ref()
+                .and_then(|v| v.to_str().ok())
+                .unwrap_or(""),
+            method: started.method.as_str(),
+            path: &path,
+            status: self.status,
+            bytes_in: started
                 .bytes_in
                 .as_ref()
                 .map_or(0, |n| n.load(Ordering::Relaxed)),
-            bytes_out = self.bytes_out,
-            duration_us = u64::try_from(started.at.elapsed().as_micros()).unwrap_or(u64::MAX),
-            caller = %self.caller.kind(),
-            key = self.caller.key().map(tracing::field::display),
-            client = %started.client,
-            aborted = (!self.ended && self.length != Some(self.bytes_out)).then_some(true),
-        );
+            bytes_out: self.bytes_out,
+            duration_us: u64::try_from(started.at.elapsed().as_micros()).unwrap_or(u64::MAX),
+            caller: self.caller.kind(),
+            key: self.caller.key().map(|key| key as &dyn std::fmt::Display),
+            client: started.client,
+            aborted: !self.ended && self.length != Some(self.bytes_out),
+        };
+        match output::direct() {
+            Some(direct) => direct.write(&fields),
+            None => fields.emit(),
+        }
     }
 }
 

@@ -7,9 +7,18 @@
 //! writes the buffer out: one system call per batch, a line waits at most
 //! [`GATHER`]. Nothing is dropped: past [`MAX_PENDING`] bytes a request waits for the
 //! writer. The other log lines keep the fmt layer (`init` in main).
+//!
+//! In the server the request lines skip tracing's dispatch as well
+//! ([`AccessLayer::take_lines_directly`]): a line is written from its fields
+//! ([`Fields`]) straight into the buffer, the same text, without an event passing the
+//! filter and every layer and its fields a visitor (a third of the log's cost:
+//! docs/BENCHMARKS.md "Access lines without an event"). Whether the target is wanted is
+//! still asked of the filter, once per request (`AccessLog::start`). Elsewhere (a test's
+//! subscriber, a library user's) a line is an `access` event as before.
 
-use std::fmt::Write as _;
-use std::sync::{Arc, Condvar, Mutex, MutexGuard, PoisonError};
+use std::fmt::{Display, Write as _};
+use std::net::IpAddr;
+use std::sync::{Arc, Condvar, Mutex, MutexGuard, OnceLock, PoisonError};
 use std::thread::JoinHandle;
 use std::time::{Duration, SystemTime};
 
@@ -49,7 +58,7 @@ struct Shared {
 
 #[derive(Default)]
 struct Pending {
-    bytes: Vec<u8>,
+    text: String,
     closed: bool,
 }
 
@@ -84,16 +93,16 @@ pub fn layer(
 }
 
 fn write_out(shared: &Shared, mut out: impl std::io::Write) {
-    let mut batch = Vec::new();
+    let mut batch = String::new();
     loop {
         let mut pending = shared.lock();
-        while pending.bytes.is_empty() && !pending.closed {
+        while pending.text.is_empty() && !pending.closed {
             pending = shared
                 .arrived
                 .wait(pending)
                 .unwrap_or_else(PoisonError::into_inner);
         }
-        if pending.bytes.is_empty() {
+        if pending.text.is_empty() {
             return; // closed, and everything written
         }
         let closing = pending.closed;
@@ -103,11 +112,11 @@ fn write_out(shared: &Shared, mut out: impl std::io::Write) {
         }
         {
             let mut pending = shared.lock();
-            std::mem::swap(&mut batch, &mut pending.bytes);
+            std::mem::swap(&mut batch, &mut pending.text);
         }
         shared.taken.notify_all();
         // Nowhere else to report a failed write of the log itself.
-        let _ = out.write_all(&batch).and_then(|()| out.flush());
+        let _ = out.write_all(batch.as_bytes()).and_then(|()| out.flush());
         batch.clear();
     }
 }
@@ -122,37 +131,13 @@ impl Drop for Guard {
     }
 }
 
-impl<S: Subscriber> Layer<S> for AccessLayer {
-    fn on_event(&self, event: &Event<'_>, _: Context<'_, S>) {
-        if event.metadata().target() != TARGET {
-            return;
-        }
-        let mut line = String::with_capacity(320);
-        let now = humantime::format_rfc3339_micros(SystemTime::now());
-        match self.format {
-            LogFormat::Text => {
-                let _ = write!(line, "{now} {:>5} {TARGET}:", event.metadata().level());
-                event.record(&mut TextFields(&mut line));
-            }
-            LogFormat::Json => {
-                let _ = write!(
-                    line,
-                    "{{\"timestamp\":\"{now}\",\"level\":\"{}\",\"fields\":{{",
-                    event.metadata().level()
-                );
-                let mut fields = JsonFields {
-                    line: &mut line,
-                    first: true,
-                };
-                event.record(&mut fields);
-                let _ = write!(line, "}},\"target\":\"{TARGET}\"}}");
-            }
-        }
-        line.push('\n');
-        let mut pending = self.shared.lock();
-        while pending.bytes.len() > MAX_PENDING && !pending.closed {
+impl Shared {
+    /// Appends one line, `write` writing it (without its `\n`) to the end of the
+    /// buffer; waits while the buffer is full.
+    fn append(&self, write: impl FnOnce(&mut String)) {
+        let mut pending = self.lock();
+        while pending.text.len() > MAX_PENDING && !pending.closed {
             pending = self
-                .shared
                 .taken
                 .wait(pending)
                 .unwrap_or_else(PoisonError::into_inner);
@@ -160,17 +145,240 @@ impl<S: Subscriber> Layer<S> for AccessLayer {
         if pending.closed {
             // After the guard (connections cut at shutdown): written here, at once.
             drop(pending);
+            let mut line = String::new();
+            write(&mut line);
+            line.push('\n');
             let _ = std::io::Write::write_all(&mut std::io::stdout(), line.as_bytes());
             return;
         }
-        let was_empty = pending.bytes.is_empty();
-        pending.bytes.extend_from_slice(line.as_bytes());
+        let was_empty = pending.text.is_empty();
+        write(&mut pending.text);
+        pending.text.push('\n');
         drop(pending);
         // Only the first line of a batch wakes the writer (a system call); the others
         // join it while it gathers.
         if was_empty {
-            self.shared.arrived.notify_one();
+            self.arrived.notify_one();
         }
+    }
+}
+
+/// Where the request lines go when they skip tracing's dispatch (set once, by
+/// [`AccessLayer::take_lines_directly`]).
+static DIRECT: OnceLock<Direct> = OnceLock::new();
+
+/// The sink of the request lines written without an event.
+pub struct Direct {
+    format: LogFormat,
+    shared: Arc<Shared>,
+}
+
+impl Direct {
+    /// Writes the line of `fields`: the text the event of the same fields would give.
+    pub fn write(&self, fields: &Fields<'_>) {
+        let now = humantime::format_rfc3339_micros(SystemTime::now());
+        self.shared.append(|line| match self.format {
+            LogFormat::Text => {
+                let _ = write!(line, "{now}  INFO {TARGET}:");
+                fields.write_text(line);
+            }
+            LogFormat::Json => {
+                let _ = write!(
+                    line,
+                    "{{\"timestamp\":\"{now}\",\"level\":\"INFO\",\"fields\":{{"
+                );
+                fields.write_json(line);
+                let _ = write!(line, "}},\"target\":\"{TARGET}\"}}");
+            }
+        });
+    }
+}
+
+/// The sink of the request lines, once the server's layer took them.
+pub fn direct() -> Option<&'static Direct> {
+    DIRECT.get()
+}
+
+impl AccessLayer {
+    /// Has request lines written straight to this layer's buffer rather than sent as
+    /// events (see the module's documentation). For the process's one access log (its
+    /// `main`); the first call wins.
+    pub fn take_lines_directly(&self) {
+        let _ = DIRECT.set(self.direct());
+    }
+
+    fn direct(&self) -> Direct {
+        Direct {
+            format: self.format,
+            shared: self.shared.clone(),
+        }
+    }
+}
+
+/// The fields of one request's line, in the order the line gives them.
+#[derive(Clone, Copy)]
+pub struct Fields<'a> {
+    pub listener: &'a str,
+    pub request_id: &'a str,
+    pub method: &'a str,
+    pub path: &'a str,
+    pub status: u16,
+    pub bytes_in: u64,
+    pub bytes_out: u64,
+    pub duration_us: u64,
+    pub caller: &'a str,
+    /// Left out when `None`, as tracing leaves out an empty field.
+    pub key: Option<&'a dyn Display>,
+    pub client: IpAddr,
+    /// Given only when true.
+    pub aborted: bool,
+}
+
+impl Fields<'_> {
+    /// The `access` event of these fields (where lines are events).
+    pub fn emit(&self) {
+        tracing::info!(
+            target: TARGET,
+            listener = %self.listener,
+            request_id = %self.request_id,
+            method = %self.method,
+            path = self.path,
+            status = self.status,
+            bytes_in = self.bytes_in,
+            bytes_out = self.bytes_out,
+            duration_us = self.duration_us,
+            caller = %self.caller,
+            key = self.key.map(tracing::field::display),
+            client = %self.client,
+            aborted = self.aborted.then_some(true),
+        );
+    }
+
+    /// As [`TextFields`] writes the event's fields. Written piece by piece rather than
+    /// through `format_args!`: on a public GET the formatting machinery was most of
+    /// the line's cost.
+    fn write_text(&self, line: &mut String) {
+        for (name, value) in [
+            (" listener=", self.listener),
+            (" request_id=", self.request_id),
+            (" method=", self.method),
+        ] {
+            line.push_str(name);
+            line.push_str(value);
+        }
+        line.push_str(" path=");
+        debug_str(line, self.path);
+        for (name, value) in [
+            (" status=", u64::from(self.status)),
+            (" bytes_in=", self.bytes_in),
+            (" bytes_out=", self.bytes_out),
+            (" duration_us=", self.duration_us),
+        ] {
+            line.push_str(name);
+            line.push_str(itoa::Buffer::new().format(value));
+        }
+        line.push_str(" caller=");
+        line.push_str(self.caller);
+        if let Some(key) = self.key {
+            let _ = write!(line, " key={key}");
+        }
+        line.push_str(" client=");
+        write_ip(line, self.client);
+        if self.aborted {
+            line.push_str(" aborted=true");
+        }
+    }
+
+    /// As [`JsonFields`] writes the event's fields.
+    fn write_json(&self, line: &mut String) {
+        for (name, value) in [
+            ("\"listener\":", self.listener),
+            (",\"request_id\":", self.request_id),
+            (",\"method\":", self.method),
+            (",\"path\":", self.path),
+        ] {
+            line.push_str(name);
+            json_string(line, value);
+        }
+        for (name, value) in [
+            (",\"status\":", u64::from(self.status)),
+            (",\"bytes_in\":", self.bytes_in),
+            (",\"bytes_out\":", self.bytes_out),
+            (",\"duration_us\":", self.duration_us),
+        ] {
+            line.push_str(name);
+            line.push_str(itoa::Buffer::new().format(value));
+        }
+        line.push_str(",\"caller\":");
+        json_string(line, self.caller);
+        if let Some(key) = self.key {
+            line.push_str(",\"key\":\"");
+            let _ = write!(JsonEscaped(line), "{key}");
+            line.push('"');
+        }
+        line.push_str(",\"client\":\"");
+        write_ip(line, self.client); // digits, dots and colons: nothing to escape
+        line.push('"');
+        if self.aborted {
+            line.push_str(",\"aborted\":true");
+        }
+    }
+}
+
+/// `text` as `{:?}` writes it: quoted, escaped. Printable ASCII without quotes and
+/// backslashes (every ordinary path) is the text itself between quotes.
+fn debug_str(line: &mut String, text: &str) {
+    if text
+        .bytes()
+        .all(|b| (0x20..0x7f).contains(&b) && b != b'"' && b != b'\\')
+    {
+        line.push('"');
+        line.push_str(text);
+        line.push('"');
+    } else {
+        let _ = write!(line, "{text:?}");
+    }
+}
+
+/// `ip` as it displays (an IPv4 address octet by octet, without the formatter).
+fn write_ip(line: &mut String, ip: IpAddr) {
+    match ip {
+        IpAddr::V4(v4) => {
+            for (i, octet) in v4.octets().into_iter().enumerate() {
+                if i > 0 {
+                    line.push('.');
+                }
+                line.push_str(itoa::Buffer::new().format(octet));
+            }
+        }
+        IpAddr::V6(v6) => {
+            let _ = write!(line, "{v6}");
+        }
+    }
+}
+
+impl<S: Subscriber> Layer<S> for AccessLayer {
+    fn on_event(&self, event: &Event<'_>, _: Context<'_, S>) {
+        if event.metadata().target() != TARGET {
+            return;
+        }
+        let now = humantime::format_rfc3339_micros(SystemTime::now());
+        let level = event.metadata().level();
+        self.shared.append(|line| match self.format {
+            LogFormat::Text => {
+                let _ = write!(line, "{now} {level:>5} {TARGET}:");
+                event.record(&mut TextFields(line));
+            }
+            LogFormat::Json => {
+                let _ = write!(
+                    line,
+                    "{{\"timestamp\":\"{now}\",\"level\":\"{level}\",\"fields\":{{"
+                );
+                let mut fields = JsonFields { line, first: true };
+                event.record(&mut fields);
+                let _ = write!(line, "}},\"target\":\"{TARGET}\"}}");
+            }
+        });
     }
 }
 
@@ -226,27 +434,45 @@ impl Visit for JsonFields<'_> {
     }
     fn record_debug(&mut self, field: &Field, value: &dyn std::fmt::Debug) {
         self.name(field);
-        json_string(self.line, &format!("{value:?}"));
+        self.line.push('"');
+        let _ = write!(JsonEscaped(self.line), "{value:?}");
+        self.line.push('"');
     }
 }
 
 /// `text` as a JSON string (quotes, backslashes and control characters escaped).
 fn json_string(line: &mut String, text: &str) {
     line.push('"');
-    for c in text.chars() {
-        match c {
-            '"' => line.push_str("\\\""),
-            '\\' => line.push_str("\\\\"),
-            '\n' => line.push_str("\\n"),
-            '\r' => line.push_str("\\r"),
-            '\t' => line.push_str("\\t"),
-            c if u32::from(c) < 0x20 => {
-                let _ = write!(line, "\\u{:04x}", u32::from(c));
-            }
-            c => line.push(c),
-        }
-    }
+    let _ = JsonEscaped(line).write_str(text);
     line.push('"');
+}
+
+/// Writes what it is given into a JSON string's inside, escaped (so any `Display`
+/// value is written without a copy of its text first).
+struct JsonEscaped<'a>(&'a mut String);
+
+impl std::fmt::Write for JsonEscaped<'_> {
+    fn write_str(&mut self, text: &str) -> std::fmt::Result {
+        let line = &mut *self.0;
+        if !text.bytes().any(|b| b < 0x20 || b == b'"' || b == b'\\') {
+            line.push_str(text);
+            return Ok(());
+        }
+        for c in text.chars() {
+            match c {
+                '"' => line.push_str("\\\""),
+                '\\' => line.push_str("\\\\"),
+                '\n' => line.push_str("\\n"),
+                '\r' => line.push_str("\\r"),
+                '\t' => line.push_str("\\t"),
+                c if u32::from(c) < 0x20 => {
+                    write!(line, "\\u{:04x}", u32::from(c))?;
+                }
+                c => line.push(c),
+            }
+        }
+        Ok(())
+    }
 }
 
 #[cfg(test)]
@@ -326,6 +552,78 @@ mod tests {
             v["timestamp"] = serde_json::Value::Null;
         }
         assert_eq!(ours, theirs);
+    }
+
+    /// What [`Direct`] writes for `fields` and what this layer writes for their event.
+    fn direct_and_event(format: LogFormat, fields: &Fields<'_>) -> (String, String) {
+        let text = |c: Captured| String::from_utf8(c.0.lock().unwrap().clone()).unwrap();
+        let direct = Captured::default();
+        let (sink, guard) = layer(format, direct.clone()).unwrap();
+        sink.direct().write(fields);
+        drop(guard);
+        let event = Captured::default();
+        let (sink, guard) = layer(format, event.clone()).unwrap();
+        tracing::subscriber::with_default(tracing_subscriber::registry().with(sink), || {
+            fields.emit()
+        });
+        drop(guard);
+        (text(direct), text(event))
+    }
+
+    #[test]
+    fn direct_lines_are_the_events_lines() {
+        let key = homeserver_protocol::Keypair::random().public_key();
+        let base = Fields {
+            listener: "http",
+            request_id: "0b6f5c2e-7d1c-4f43-9a57-2b1d7e0c9a11",
+            method: "GET",
+            path: "/pub/a \"b\"\n\\c\u{1}é?limit=5",
+            status: 200,
+            bytes_in: 0,
+            bytes_out: 1024,
+            duration_us: 87,
+            caller: "anonymous",
+            key: None,
+            client: IpAddr::from([127, 0, 0, 1]),
+            aborted: false,
+        };
+        let plain = Fields {
+            path: "/pub/posts/0001.json",
+            client: IpAddr::from([192, 168, 100, 255]),
+            duration_us: 0,
+            ..base
+        };
+        let signed = Fields {
+            caller: "key",
+            key: Some(&key),
+            client: "2001:db8::7".parse().unwrap(),
+            aborted: true,
+            status: 500,
+            ..base
+        };
+        for fields in [&base, &plain, &signed] {
+            let (direct, event) = direct_and_event(LogFormat::Text, fields);
+            assert_eq!(direct.lines().count(), 1, "{direct}");
+            // After the timestamp (27 characters).
+            assert_eq!(direct[27..], event[27..]);
+
+            let (direct, event) = direct_and_event(LogFormat::Json, fields);
+            let parse = |s: &str| -> serde_json::Value { serde_json::from_str(s.trim()).unwrap() };
+            let (mut direct, mut event) = (parse(&direct), parse(&event));
+            for v in [&mut direct, &mut event] {
+                assert!(v["timestamp"].is_string());
+                v["timestamp"] = serde_json::Value::Null;
+            }
+            assert_eq!(direct, event);
+        }
+        // And the event's line is the fmt layer's (the tests above), field by field.
+        let (direct, _) = direct_and_event(LogFormat::Text, &signed);
+        assert!(
+            direct.contains(&format!(
+                " caller=key key={key} client=2001:db8::7 aborted=true"
+            )),
+            "{direct}"
+        );
     }
 
     #[test]
