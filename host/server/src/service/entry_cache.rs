@@ -11,6 +11,7 @@
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
 
+use homeserver_protocol::PublicKey;
 use quick_cache::sync::Cache;
 
 use crate::persistence::metadata::{EntryRecord, Stored};
@@ -31,32 +32,57 @@ fn expected_entries(bytes: u64) -> usize {
 #[derive(Clone)]
 struct EntryWeighter;
 
-impl quick_cache::Weighter<String, Arc<EntryRecord>> for EntryWeighter {
-    fn weight(&self, key: &String, record: &Arc<EntryRecord>) -> u64 {
+impl quick_cache::Weighter<EntryKey, Arc<EntryRecord>> for EntryWeighter {
+    fn weight(&self, key: &EntryKey, record: &Arc<EntryRecord>) -> u64 {
         let stored = match &record.stored {
             Stored::Blob(key) => key.len(),
             Stored::Inline(bytes) => bytes.len(),
         };
-        (key.len() + record.path.len() + stored) as u64 + 128
+        (key.user.len() + key.path.len() + record.path.len() + stored) as u64 + 128
+    }
+}
+
+/// What an entry is cached under: its user's key (the 32 bytes, so a read needs no
+/// z-base-32 text of it) and its path.
+#[derive(Hash, PartialEq, Eq)]
+struct EntryKey {
+    user: [u8; 32],
+    path: Box<str>,
+}
+
+/// An [`EntryKey`] borrowed from the request, for lookups: a hit copies nothing. Its
+/// fields hash as the owned key's do (`[u8; 32]` and `&[u8; 32]`, `str` and `Box<str>`
+/// hash alike).
+#[derive(Hash)]
+struct EntryKeyRef<'a> {
+    user: &'a [u8; 32],
+    path: &'a str,
+}
+
+impl<'a> EntryKeyRef<'a> {
+    fn new(user: &'a PublicKey, path: &'a str) -> Self {
+        Self {
+            user: user.as_bytes(),
+            path,
+        }
+    }
+}
+
+impl quick_cache::Equivalent<EntryKey> for EntryKeyRef<'_> {
+    fn equivalent(&self, key: &EntryKey) -> bool {
+        *self.user == key.user && self.path == &*key.path
     }
 }
 
 pub struct EntryCache {
     /// Shared records: a hit costs a reference count, not a copy of the path and key.
-    entries: Cache<String, Arc<EntryRecord>, EntryWeighter>,
+    entries: Cache<EntryKey, Arc<EntryRecord>, EntryWeighter>,
     epoch: AtomicU64,
     /// False on a store shared by several instances: another instance's write is only
     /// seen by this one's tailer some time after it was acknowledged, so a cached row
     /// could be stale for a read that comes right after. Such stores are read every
     /// time (blob bytes, immutable under their key, stay cached in the blob store).
     enabled: bool,
-}
-
-fn key(user: &str, path: &str) -> String {
-    let mut k = String::with_capacity(user.len() + path.len());
-    k.push_str(user);
-    k.push_str(path);
-    k
 }
 
 /// Proof of when a read started, for [`EntryCache::insert`].
@@ -88,11 +114,11 @@ impl EntryCache {
         }
     }
 
-    pub fn get(&self, user: &str, path: &str) -> Option<Arc<EntryRecord>> {
+    pub fn get(&self, user: &PublicKey, path: &str) -> Option<Arc<EntryRecord>> {
         if !self.enabled {
             return None;
         }
-        self.entries.get(&key(user, path))
+        self.entries.get(&EntryKeyRef::new(user, path))
     }
 
     /// Take before reading the database.
@@ -101,24 +127,43 @@ impl EntryCache {
     }
 
     /// Caches what a read found, unless a write may have changed it since `ticket`.
-    pub fn insert(&self, ticket: ReadTicket, user: &str, path: &str, record: Arc<EntryRecord>) {
+    pub fn insert(
+        &self,
+        ticket: ReadTicket,
+        user: &PublicKey,
+        path: &str,
+        record: Arc<EntryRecord>,
+    ) {
         if !self.enabled {
             return;
         }
-        let k = key(user, path);
         if self.epoch.load(Ordering::SeqCst) != ticket.0 {
             return;
         }
-        self.entries.insert(k.clone(), record);
+        let key = EntryKey {
+            user: *user.as_bytes(),
+            path: path.into(),
+        };
+        self.entries.insert(key, record);
         // An invalidation between the check and the insert would be lost: undo.
         if self.epoch.load(Ordering::SeqCst) != ticket.0 {
-            self.entries.remove(&k);
+            self.entries.remove(&EntryKeyRef::new(user, path));
         }
     }
 
-    pub fn invalidate(&self, user: &str, path: &str) {
+    pub fn invalidate(&self, user: &PublicKey, path: &str) {
         self.epoch.fetch_add(1, Ordering::SeqCst);
-        self.entries.remove(&key(user, path));
+        self.entries.remove(&EntryKeyRef::new(user, path));
+    }
+
+    /// [`invalidate`](Self::invalidate) for a user named by its z-base-32 text (as
+    /// writes and events name it). A name that is not a key (never stored) drops
+    /// everything rather than leave a row possibly stale.
+    pub fn invalidate_named(&self, user: &str, path: &str) {
+        match user.parse::<PublicKey>() {
+            Ok(user) => self.invalidate(&user, path),
+            Err(_) => self.clear(),
+        }
     }
 
     /// Drops everything (an account deletion, or events missed).
@@ -143,14 +188,30 @@ mod tests {
         })
     }
 
+    fn u() -> PublicKey {
+        homeserver_protocol::Keypair::from_seed(&[7; 32]).public_key()
+    }
+
     #[test]
     fn insert_get_invalidate() {
         let c = EntryCache::new(10_000);
         let t = c.ticket();
-        c.insert(t, "u", "/pub/a", record(1));
-        assert_eq!(c.get("u", "/pub/a").map(|r| r.size), Some(1));
-        c.invalidate("u", "/pub/a");
-        assert!(c.get("u", "/pub/a").is_none());
+        c.insert(t, &u(), "/pub/a", record(1));
+        assert_eq!(c.get(&u(), "/pub/a").map(|r| r.size), Some(1));
+        c.invalidate(&u(), "/pub/a");
+        assert!(c.get(&u(), "/pub/a").is_none());
+        // Named by its text, as writes and events name it.
+        c.insert(c.ticket(), &u(), "/pub/a", record(2));
+        let other = homeserver_protocol::Keypair::from_seed(&[8; 32]).public_key();
+        c.insert(c.ticket(), &other, "/pub/a", record(3));
+        c.invalidate_named(&u().to_z32(), "/pub/a");
+        assert!(c.get(&u(), "/pub/a").is_none());
+        assert_eq!(c.get(&other, "/pub/a").map(|r| r.size), Some(3));
+        c.invalidate_named("not a key", "/pub/a");
+        assert!(
+            c.get(&other, "/pub/a").is_none(),
+            "an odd name drops everything"
+        );
     }
 
     #[test]
@@ -158,13 +219,13 @@ mod tests {
         let c = EntryCache::new(10_000);
         let t = c.ticket();
         // A write commits and invalidates while the read is in flight.
-        c.invalidate("u", "/pub/a");
-        c.insert(t, "u", "/pub/a", record(1));
-        assert!(c.get("u", "/pub/a").is_none());
+        c.invalidate(&u(), "/pub/a");
+        c.insert(t, &u(), "/pub/a", record(1));
+        assert!(c.get(&u(), "/pub/a").is_none());
         // Any write anywhere blocks the stale insert (conservative).
         let t = c.ticket();
-        c.invalidate("u", "/pub/other");
-        c.insert(t, "u", "/pub/a", record(1));
-        assert!(c.get("u", "/pub/a").is_none());
+        c.invalidate(&u(), "/pub/other");
+        c.insert(t, &u(), "/pub/a", record(1));
+        assert!(c.get(&u(), "/pub/a").is_none());
     }
 }

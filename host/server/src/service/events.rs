@@ -334,7 +334,7 @@ impl EventHub {
             };
             let full = batch.len() == BATCH as usize;
             for event in &batch {
-                self.entry_cache.invalidate(&event.user, &event.path);
+                self.entry_cache.invalidate_named(&event.user, &event.path);
             }
             let batch: Vec<Arc<HubEvent>> = batch.into_iter().map(HubEvent::new).collect();
             self.answer_public_questions(&batch).await;

@@ -282,7 +282,7 @@ impl StorageService {
                 // The replaced blob was retired by the commit: the sweep deletes it.
                 replaced_blob: _,
             }) => {
-                self.entry_cache.invalidate(&user, path.as_str());
+                self.entry_cache.invalidate_named(&user, path.as_str());
                 self.events.committed();
                 return Ok(PutResult {
                     path: path.to_string(),
@@ -392,19 +392,18 @@ impl StorageService {
         space: &PublicKey,
         path: &StoragePath,
     ) -> Result<Arc<EntryRecord>, ServiceError> {
-        let user = space.to_z32();
-        if let Some(hit) = self.entry_cache.get(&user, path.as_str()) {
+        if let Some(hit) = self.entry_cache.get(space, path.as_str()) {
             return Ok(hit);
         }
         let ticket = self.entry_cache.ticket();
         let record = self
             .metadata
-            .entry(&user, path.as_str())
+            .entry(&space.to_z32(), path.as_str())
             .await?
             .map(Arc::new)
             .ok_or_else(|| not_found(path))?;
         self.entry_cache
-            .insert(ticket, &user, path.as_str(), record.clone());
+            .insert(ticket, space, path.as_str(), record.clone());
         Ok(record)
     }
 
@@ -423,7 +422,7 @@ impl StorageService {
                 Ok(bytes) => return Ok((Entry(record), bytes)),
                 Err(BlobError::NotFound(_)) => {
                     // The cached row may be the stale one: ask the database.
-                    self.entry_cache.invalidate(&space.to_z32(), path.as_str());
+                    self.entry_cache.invalidate(space, path.as_str());
                     let again = self.record(space, path).await?;
                     if again.stored == record.stored {
                         return Err(ServiceError::Internal(format!(
@@ -477,7 +476,7 @@ impl StorageService {
         {
             // The blob was retired by the commit: the sweep deletes it.
             DeleteOutcome::Deleted { blob_key: _ } => {
-                self.entry_cache.invalidate(&user, path.as_str());
+                self.entry_cache.invalidate_named(&user, path.as_str());
                 self.events.committed();
                 Ok(DeleteResult {
                     path: path.to_string(),
