@@ -111,7 +111,10 @@ where
             },
         };
         let span = request_span(&request, &id);
-        let response = span.in_scope(|| self.inner.call(request));
+        // Not entered for the call: the services here only make their future, whose
+        // polls (where the work and its logging happen) run in the span. Each entry
+        // and exit passes every layer of the subscriber.
+        let response = self.inner.call(request);
         Box::pin(
             async move {
                 let mut response = response.await?;
