@@ -157,12 +157,23 @@ impl EntryCache {
     }
 
     /// [`invalidate`](Self::invalidate) for a user named by its z-base-32 text (as
-    /// writes and events name it). A name that is not a key (never stored) drops
-    /// everything rather than leave a row possibly stale.
+    /// writes and events name it). Only the text's bytes are decoded (parsing a key
+    /// also checks its curve point, ~10 µs, for every event the tailer sees); a stored
+    /// name is a key's one canonical text, so they are the bytes its reads look up. A
+    /// name that does not decode drops everything rather than leave a row stale.
     pub fn invalidate_named(&self, user: &str, path: &str) {
-        match user.parse::<PublicKey>() {
-            Ok(user) => self.invalidate(&user, path),
-            Err(_) => self.clear(),
+        if !self.enabled {
+            return;
+        }
+        let bytes = z32::decode(user.as_bytes())
+            .ok()
+            .and_then(|bytes| <[u8; 32]>::try_from(bytes.get(..32)?).ok());
+        match bytes {
+            Some(user) => {
+                self.epoch.fetch_add(1, Ordering::SeqCst);
+                self.entries.remove(&EntryKeyRef { user: &user, path });
+            }
+            None => self.clear(),
         }
     }
 

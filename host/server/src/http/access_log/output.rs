@@ -131,10 +131,39 @@ impl Drop for Guard {
     }
 }
 
+thread_local! {
+    /// Where a thread formats its lines before they join the buffer: formatted outside
+    /// the buffer's lock (a panic in a field's `Display` cannot leave half a line in
+    /// it, nor can a line logged while formatting wait on the lock it holds), without
+    /// an allocation per line.
+    static LINE: std::cell::RefCell<String> = const { std::cell::RefCell::new(String::new()) };
+}
+
 impl Shared {
-    /// Appends one line, `write` writing it (without its `\n`) to the end of the
-    /// buffer; waits while the buffer is full.
+    /// Appends one line, `write` writing it (without its `\n`); waits while the buffer
+    /// is full.
     fn append(&self, write: impl FnOnce(&mut String)) {
+        let mut write = Some(write);
+        let _ = LINE.try_with(|cell| {
+            if let Ok(mut line) = cell.try_borrow_mut()
+                && let Some(write) = write.take()
+            {
+                line.clear();
+                write(&mut line);
+                self.push(&line);
+            }
+        });
+        // Not written there: a line logged while another is formatted on this thread,
+        // or at the thread's exit.
+        if let Some(write) = write {
+            let mut line = String::new();
+            write(&mut line);
+            self.push(&line);
+        }
+    }
+
+    /// Adds `line` and its `\n` to the buffer.
+    fn push(&self, line: &str) {
         let mut pending = self.lock();
         while pending.text.len() > MAX_PENDING && !pending.closed {
             pending = self
@@ -145,14 +174,12 @@ impl Shared {
         if pending.closed {
             // After the guard (connections cut at shutdown): written here, at once.
             drop(pending);
-            let mut line = String::new();
-            write(&mut line);
-            line.push('\n');
-            let _ = std::io::Write::write_all(&mut std::io::stdout(), line.as_bytes());
+            let _ =
+                std::io::Write::write_all(&mut std::io::stdout(), format!("{line}\n").as_bytes());
             return;
         }
         let was_empty = pending.text.is_empty();
-        write(&mut pending.text);
+        pending.text.push_str(line);
         pending.text.push('\n');
         drop(pending);
         // Only the first line of a batch wakes the writer (a system call); the others
