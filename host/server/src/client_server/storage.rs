@@ -27,8 +27,8 @@ use homeserver_protocol::query::ListQuery;
 /// Whether `path` is the storage API's (`/pub...`, `/private...`): the client API's
 /// service ([`super::middleware::Observed`]) sends these to [`serve`] without asking the
 /// router, whose fixed routes never match them (a GET of a value is most of the
-/// traffic, and the router's match, boxed route and boxed handler future were a fifth
-/// of a public GET's time in the server: docs/BENCHMARKS.md "Storage paths without the
+/// traffic, and the router's match, boxed route and boxed handler future were ~5% of
+/// a public GET's time in the server: docs/BENCHMARKS.md "Storage paths without the
 /// router").
 pub fn is_storage_path(path: &str) -> bool {
     path.starts_with("/pub") || path.starts_with("/private")
