@@ -4,21 +4,23 @@
 //! time by the metrics server; guest call counters and latencies come from the Wasm
 //! runtime's own lock-free stats through [`GuestCollector`] when scraped.
 
-use std::sync::{Arc, Mutex};
+use std::sync::{Arc, Mutex, OnceLock};
 use std::time::{Duration, Instant};
 
 use axum::http::StatusCode;
 use homeserver_runtime::PolicyRuntime;
 use homeserver_runtime::metrics::GuestCollector;
 use prometheus::{
-    Encoder, HistogramOpts, HistogramVec, IntCounterVec, IntGauge, IntGaugeVec, Opts, Registry,
-    TextEncoder,
+    Encoder, Histogram, HistogramOpts, HistogramVec, IntCounter, IntCounterVec, IntGauge,
+    IntGaugeVec, Opts, Registry, TextEncoder,
 };
 
 pub struct Metrics {
     registry: Registry,
     requests: IntCounterVec,
     duration: HistogramVec,
+    /// The request series by method ([`METHODS`]' order), found once each.
+    by_method: Box<[MethodSeries; METHODS.len()]>,
     pub storage_bytes: IntGauge,
     pub active_sessions: IntGauge,
     pub users: IntGauge,
@@ -66,15 +68,35 @@ impl MinuteWindow {
 }
 
 /// The method label: the standard methods, or OTHER (bounded label values).
-fn method_label(method: &str) -> &'static str {
-    match method {
-        "GET" => "GET",
-        "HEAD" => "HEAD",
-        "PUT" => "PUT",
-        "POST" => "POST",
-        "DELETE" => "DELETE",
-        "OPTIONS" => "OPTIONS",
-        _ => "OTHER",
+/// The methods the request series name; any other is `OTHER`.
+const METHODS: [&str; 7] = ["GET", "HEAD", "PUT", "POST", "DELETE", "OPTIONS", "OTHER"];
+
+fn method_index(method: &str) -> usize {
+    METHODS[..METHODS.len() - 1]
+        .iter()
+        .position(|m| *m == method)
+        .unwrap_or(METHODS.len() - 1)
+}
+
+/// The statuses whose series are kept found (100-599: all HTTP has).
+const STATUSES: std::ops::Range<u16> = 100..600;
+
+/// One method's request series, each found in its vector the first time it is used
+/// (so a series appears when it counts something, as `with_label_values` makes it), then
+/// kept: finding a series by its labels hashes them and takes the vector's lock, which
+/// both cores of a busy server took at every request.
+struct MethodSeries {
+    duration: OnceLock<Histogram>,
+    /// `hs_requests_total` by status, from [`STATUSES`]' start.
+    by_status: [OnceLock<IntCounter>; STATUSES.end as usize - STATUSES.start as usize],
+}
+
+impl MethodSeries {
+    fn new() -> Self {
+        Self {
+            duration: OnceLock::new(),
+            by_status: [const { OnceLock::new() }; STATUSES.end as usize - STATUSES.start as usize],
+        }
     }
 }
 
@@ -182,6 +204,7 @@ impl Metrics {
             registry,
             requests,
             duration,
+            by_method: Box::new(std::array::from_fn(|_| MethodSeries::new())),
             storage_bytes,
             active_sessions,
             users,
@@ -218,12 +241,23 @@ impl Metrics {
     }
 
     pub fn observe_request(&self, method: &str, status: StatusCode, elapsed: Duration) {
-        let method = method_label(method);
-        self.requests
-            .with_label_values(&[method, status.as_str()])
-            .inc();
-        self.duration
-            .with_label_values(&[method])
+        let index = method_index(method);
+        let (label, series) = (METHODS[index], &self.by_method[index]);
+        match series
+            .by_status
+            .get(usize::from(status.as_u16().wrapping_sub(STATUSES.start)))
+        {
+            Some(counter) => counter
+                .get_or_init(|| self.requests.with_label_values(&[label, status.as_str()]))
+                .inc(),
+            None => self
+                .requests
+                .with_label_values(&[label, status.as_str()])
+                .inc(),
+        }
+        series
+            .duration
+            .get_or_init(|| self.duration.with_label_values(&[label]))
             .observe(elapsed.as_secs_f64());
         let second = crate::service::now_secs().max(0) as u64;
         self.window
@@ -280,6 +314,18 @@ mod tests {
         assert!(text.contains("hs_active_sessions 0"));
         assert!(text.contains("hs_request_duration_seconds_bucket"));
         assert_eq!(m.requests_last_minute(), 2);
+        // A series found once counts on; one never used does not appear; a status past
+        // the kept range still counts.
+        m.observe_request("GET", StatusCode::OK, Duration::from_millis(3));
+        m.observe_request("GET", StatusCode::from_u16(799).unwrap(), Duration::ZERO);
+        let text = m.render().unwrap();
+        assert!(
+            text.contains("hs_requests_total{method=\"GET\",status=\"200\"} 2")
+                && text.contains("hs_requests_total{method=\"GET\",status=\"799\"} 1")
+                && text.contains("hs_request_duration_seconds_count{method=\"GET\"} 3"),
+            "{text}"
+        );
+        assert!(!text.contains("method=\"PUT\""), "{text}");
     }
 
     #[test]
