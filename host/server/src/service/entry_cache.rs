@@ -152,8 +152,7 @@ impl EntryCache {
     }
 
     pub fn invalidate(&self, user: &PublicKey, path: &str) {
-        self.epoch.fetch_add(1, Ordering::SeqCst);
-        self.entries.remove(&EntryKeyRef::new(user, path));
+        self.forget(user.as_bytes(), path);
     }
 
     /// [`invalidate`](Self::invalidate) for a user named by its z-base-32 text (as
@@ -169,12 +168,16 @@ impl EntryCache {
             .ok()
             .and_then(|bytes| <[u8; 32]>::try_from(bytes.get(..32)?).ok());
         match bytes {
-            Some(user) => {
-                self.epoch.fetch_add(1, Ordering::SeqCst);
-                self.entries.remove(&EntryKeyRef { user: &user, path });
-            }
+            Some(user) => self.forget(&user, path),
             None => self.clear(),
         }
+    }
+
+    /// The one invalidation: the epoch moves first (a read in flight then cannot cache
+    /// what it found), then the entry goes.
+    fn forget(&self, user: &[u8; 32], path: &str) {
+        self.epoch.fetch_add(1, Ordering::SeqCst);
+        self.entries.remove(&EntryKeyRef { user, path });
     }
 
     /// Drops everything (an account deletion, or events missed).
