@@ -4,8 +4,9 @@
 //! Every PUT writes a new blob under a fresh key `<user>/<uuid v7>` and the metadata
 //! commit then points the entry at it. So a crash can leave an unreferenced blob
 //! (garbage, removed by [`BlobStore::sweep`]) but never an entry pointing at a missing
-//! or partial blob: object_store writes a blob to a staging file and renames it into
-//! place only when it is complete.
+//! or partial blob: a blob is written to a staging file and renamed into place only
+//! when it is complete (by object_store on S3, by `direct_writes` on local disk, which
+//! writes large blobs around the page cache).
 //!
 //! A blob an overwrite or a delete leaves unreferenced is not deleted with its commit:
 //! the commit records it as retired, and [`BlobStore::sweep_retired`] deletes it once
@@ -30,6 +31,7 @@ use object_store::{ClientOptions, GetResultPayload, ObjectStore, ObjectStoreExt,
 use tokio::io::AsyncWriteExt;
 
 use super::BackendOptions;
+use super::direct_writes::{DirectWrites, LocalBlobWriter};
 use super::metadata::{BlobState, MetadataStore};
 use super::read_buffers::ReadBuffers;
 use super::url::{BlobsUrl, S3Settings};
@@ -171,6 +173,8 @@ pub struct BlobStore {
     backend: &'static str,
     /// Set for the local filesystem backend: where its staging files may be left.
     local_root: Option<PathBuf>,
+    /// Whether the local backend's folder takes direct writes (`direct_writes`).
+    direct: DirectWrites,
     write_buffer: usize,
     small: Arc<BlobCache>,
     /// How long [`BlobStore::ping`] waits for an answer (the storage timeout).
@@ -213,6 +217,7 @@ impl BlobStore {
             store,
             backend: url.backend(),
             local_root,
+            direct: DirectWrites::new(true),
             write_buffer,
             ping_timeout: options.timeout,
             small: Arc::new(BlobCache::with_weighter(
@@ -262,14 +267,31 @@ impl BlobStore {
     }
 
     pub fn writer(&self, key: &str) -> BlobWriter {
-        BlobWriter {
-            inner: BufWriter::with_capacity(
+        let inner = match &self.local_root {
+            // Written by hand, around the page cache; published as object_store does.
+            Some(root) => Writer::Local(LocalBlobWriter::new(
+                local_blob_file(root, key),
+                self.direct.clone(),
+                ReadBuffers::shared(),
+            )),
+            None => Writer::Store(BufWriter::with_capacity(
                 Arc::clone(&self.store),
                 Path::from(key),
                 self.write_buffer,
-            ),
+            )),
+        };
+        BlobWriter {
+            inner,
+            key: key.to_owned(),
             finished: false,
         }
+    }
+
+    /// The same store, but its local blobs are written through the page cache (as where
+    /// the folder refuses `O_DIRECT`).
+    pub fn without_direct_writes(mut self) -> Self {
+        self.direct = DirectWrites::new(false);
+        self
     }
 
     /// Streams a blob's bytes; `size` is the size the metadata records. Small blobs are
@@ -540,27 +562,55 @@ pub struct BlobMeta {
 /// [`BlobWriter::abort`] to drop it; a writer dropped without either leaves at most a
 /// staging file that [`BlobStore::sweep`] removes.
 pub struct BlobWriter {
-    inner: BufWriter,
+    inner: Writer,
+    key: String,
     finished: bool,
+}
+
+enum Writer {
+    /// The local backend's (`direct_writes`).
+    Local(LocalBlobWriter),
+    /// object_store's, for S3.
+    Store(BufWriter),
 }
 
 impl BlobWriter {
     pub async fn write(&mut self, chunk: Bytes) -> Result<(), BlobError> {
-        self.inner.put(chunk).await.map_err(map_err)
+        match &mut self.inner {
+            Writer::Local(local) => local
+                .write(chunk)
+                .await
+                .map_err(|e| local_error(&self.key, e)),
+            Writer::Store(store) => store.put(chunk).await.map_err(map_err),
+        }
     }
 
     /// Completes the blob: after this returns it is durable and readable under its key.
     pub async fn finish(mut self) -> Result<(), BlobError> {
         self.finished = true;
-        self.inner.shutdown().await.map_err(map_io_err)
+        match self.inner {
+            Writer::Local(local) => local.finish().await.map_err(|e| local_error(&self.key, e)),
+            Writer::Store(mut store) => store.shutdown().await.map_err(map_io_err),
+        }
     }
 
     pub async fn abort(mut self) {
         if !self.finished {
             self.finished = true;
-            let _ = self.inner.abort().await;
+            match self.inner {
+                Writer::Local(local) => local.abort().await,
+                Writer::Store(mut store) => {
+                    let _ = store.abort().await;
+                }
+            }
         }
     }
+}
+
+/// A local write that failed: the disk is full, gone or read-only, which a later try
+/// may not meet (503), as object_store's errors are taken.
+fn local_error(key: &str, e: std::io::Error) -> BlobError {
+    BlobError::Unavailable(format!("writing blob {key}: {e}"))
 }
 
 #[cfg(test)]

@@ -20,6 +20,7 @@
 
 mod batch_tx;
 pub mod blobs;
+mod direct_writes;
 pub mod front;
 pub mod group_commit;
 pub mod local_lock;

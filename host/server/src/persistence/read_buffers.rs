@@ -1,4 +1,4 @@
-//! Buffers for reading local blobs, used again and again.
+//! Buffers for reading and writing local blobs, used again and again.
 //!
 //! A large GET reads its file in chunks of [`CHUNK_BYTES`] that become the response's
 //! body frames. A fresh allocation of that size is fresh pages from the kernel: each
@@ -7,7 +7,8 @@
 //! GET, measured in docs/BENCHMARKS.md). A chunk here is `Bytes` whose owner hands its
 //! buffer back to a small pool when the last reference goes, so the next read lands in
 //! pages already mapped. The pool keeps at most [`KEPT`] buffers (8 MiB): memory stays
-//! bounded whatever the number of readers; past that, buffers are freed as before.
+//! bounded whatever the number of readers; past that, buffers are freed as before. Writes
+//! of large blobs fill the same buffers before they go to the disk (`direct_writes`).
 
 use std::sync::{Arc, Mutex};
 
@@ -15,10 +16,14 @@ use bytes::Bytes;
 
 /// Bytes read from a local blob at a time when streaming it out.
 pub const CHUNK_BYTES: usize = 256 * 1024;
+/// A buffer's capacity: a chunk, and room to start it at a 4 KiB boundary (what a
+/// direct write of a blob needs, `direct_writes`; malloc's large blocks start 16 bytes
+/// past one).
+pub const BUFFER_BYTES: usize = CHUNK_BYTES + 4096;
 /// Buffers the pool keeps, at most (8 MiB of chunks).
 const KEPT: usize = 32;
 
-/// The free buffers, each of capacity [`CHUNK_BYTES`].
+/// The free buffers, each of capacity [`BUFFER_BYTES`].
 #[derive(Default)]
 pub struct ReadBuffers {
     free: Mutex<Vec<Vec<u8>>>,
@@ -31,10 +36,10 @@ impl ReadBuffers {
         SHARED.get_or_init(Arc::default).clone()
     }
 
-    /// An empty buffer of capacity [`CHUNK_BYTES`]: a kept one when there is one.
+    /// An empty buffer of capacity [`BUFFER_BYTES`]: a kept one when there is one.
     pub fn take(&self) -> Vec<u8> {
         let kept = self.free.lock().unwrap_or_else(|e| e.into_inner()).pop();
-        kept.unwrap_or_else(|| Vec::with_capacity(CHUNK_BYTES))
+        kept.unwrap_or_else(|| Vec::with_capacity(BUFFER_BYTES))
     }
 
     /// `buffer`'s bytes as `Bytes` that give the buffer back to the pool when dropped.
@@ -45,8 +50,10 @@ impl ReadBuffers {
         })
     }
 
-    fn give_back(&self, mut buffer: Vec<u8>) {
-        if buffer.capacity() != CHUNK_BYTES {
+    /// Keeps `buffer` for a later [`ReadBuffers::take`] (if it is of the pool's size and
+    /// the pool is not full).
+    pub fn give_back(&self, mut buffer: Vec<u8>) {
+        if buffer.capacity() != BUFFER_BYTES {
             return; // grown or shrunk by a read: not ours to keep
         }
         buffer.clear();
@@ -100,7 +107,7 @@ mod tests {
         assert_eq!(pool.kept(), 1);
         let again = pool.take();
         assert_eq!(again.as_ptr(), address, "the same memory is read into next");
-        assert!(again.is_empty() && again.capacity() == CHUNK_BYTES);
+        assert!(again.is_empty() && again.capacity() == BUFFER_BYTES);
     }
 
     #[test]
@@ -117,7 +124,7 @@ mod tests {
                 .read_to_end(&mut buffer)
                 .expect("read");
             assert_eq!(read, want);
-            assert_eq!(buffer.capacity(), CHUNK_BYTES);
+            assert_eq!(buffer.capacity(), BUFFER_BYTES);
             drop(pool.freeze(buffer));
             assert_eq!(pool.kept(), 1);
         }
@@ -131,7 +138,7 @@ mod tests {
         assert_eq!(pool.kept(), KEPT);
         // A buffer of another size (a read made it grow) is not kept.
         let mut grown = pool.take();
-        grown.reserve(CHUNK_BYTES + 1);
+        grown.reserve(BUFFER_BYTES + 1);
         drop(pool.freeze(grown));
         assert_eq!(pool.kept(), KEPT - 1);
     }
