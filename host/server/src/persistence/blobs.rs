@@ -173,7 +173,9 @@ pub struct BlobStore {
     backend: &'static str,
     /// Set for the local filesystem backend: where its staging files may be left.
     local_root: Option<PathBuf>,
-    /// Whether the local backend's folder takes direct writes (`direct_writes`).
+    /// The local backend, for the files its blobs are written to (`direct_writes`).
+    local: Option<Arc<LocalFileSystem>>,
+    /// Whether the local backend's folder takes direct writes.
     direct: DirectWrites,
     write_buffer: usize,
     small: Arc<BlobCache>,
@@ -191,6 +193,7 @@ impl BlobStore {
         s3: &S3Settings,
         options: &BackendOptions,
     ) -> Result<Self, BlobError> {
+        let mut local = None;
         let (store, local_root, write_buffer): (Arc<dyn ObjectStore>, _, _) = match url {
             BlobsUrl::File(dir) => {
                 std::fs::create_dir_all(dir)
@@ -202,7 +205,9 @@ impl BlobStore {
                     .map_err(map_err)?
                     .with_automatic_cleanup(true)
                     .with_fsync(true);
-                (Arc::new(store), Some(root), LOCAL_WRITE_BUFFER_BYTES)
+                let store = Arc::new(store);
+                local = Some(store.clone());
+                (store, Some(root), LOCAL_WRITE_BUFFER_BYTES)
             }
             BlobsUrl::S3 { bucket, prefix } => {
                 let store = open_s3(bucket, s3, options)?;
@@ -217,6 +222,7 @@ impl BlobStore {
             store,
             backend: url.backend(),
             local_root,
+            local,
             direct: DirectWrites::new(true),
             write_buffer,
             ping_timeout: options.timeout,
@@ -267,16 +273,19 @@ impl BlobStore {
     }
 
     pub fn writer(&self, key: &str) -> BlobWriter {
-        let inner = match &self.local_root {
+        let path = Path::from(key);
+        // The file object_store reads the blob from (a key it cannot map fails there).
+        let file = self.local.as_ref().map(|l| l.path_to_filesystem(&path));
+        let inner = match file {
             // Written by hand, around the page cache; published as object_store does.
-            Some(root) => Writer::Local(LocalBlobWriter::new(
-                local_blob_file(root, key),
+            Some(Ok(file)) => Writer::Local(LocalBlobWriter::new(
+                file,
                 self.direct.clone(),
                 ReadBuffers::shared(),
             )),
-            None => Writer::Store(BufWriter::with_capacity(
+            _ => Writer::Store(BufWriter::with_capacity(
                 Arc::clone(&self.store),
-                Path::from(key),
+                path,
                 self.write_buffer,
             )),
         };
@@ -285,13 +294,6 @@ impl BlobStore {
             key: key.to_owned(),
             finished: false,
         }
-    }
-
-    /// The same store, but its local blobs are written through the page cache (as where
-    /// the folder refuses `O_DIRECT`).
-    pub fn without_direct_writes(mut self) -> Self {
-        self.direct = DirectWrites::new(false);
-        self
     }
 
     /// Streams a blob's bytes; `size` is the size the metadata records. Small blobs are

@@ -9,8 +9,8 @@
 //! once than any other, so caching it at write time only evicts what readers use. Here
 //! the bytes go from a reused buffer to the disk (`O_DIRECT`) in units aligned to 4 KiB,
 //! one unit on its way to the disk while the next one fills; the last, partial unit is
-//! padded with zeros and the file cut back to its size. A blob that fits in one unit
-//! (up to 256 KiB) goes through the page cache as before: there the copy is small
+//! padded with zeros and the file cut back to its size. A blob smaller than one unit
+//! (256 KiB) goes through the page cache as before: there the copy is small
 //! beside the `fsync`, and cutting a padded write back would cost a metadata change.
 //! Where the filesystem refuses `O_DIRECT` (EINVAL), the same writes go through the
 //! page cache, for this blob and every later one.
@@ -24,7 +24,7 @@ use std::io::{self, ErrorKind};
 use std::os::unix::fs::{FileExt, OpenOptionsExt};
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 
 use bytes::Bytes;
 use tokio::task::JoinHandle;
@@ -35,22 +35,37 @@ use super::read_buffers::{CHUNK_BYTES, ReadBuffers};
 /// or 4096 on the disks this runs on; 4096 suits both).
 const ALIGN: usize = 4096;
 
-/// Whether a blob folder takes `O_DIRECT` writes; starts true and turns false for good
-/// at the first refusal (shared by the writers of one store).
+/// `O_DIRECT` where the server knows it (Linux); elsewhere every write is buffered.
+#[cfg(target_os = "linux")]
+const O_DIRECT: i32 = libc::O_DIRECT;
+#[cfg(not(target_os = "linux"))]
+const O_DIRECT: i32 = 0;
+
+/// Whether a blob folder takes `O_DIRECT` writes; starts true (on Linux) and turns false
+/// for good at the first refusal (shared by the writers of one store).
 #[derive(Clone)]
-pub struct DirectWrites(Arc<AtomicBool>);
+pub struct DirectWrites(Arc<DirectState>);
+
+struct DirectState {
+    enabled: AtomicBool,
+    /// Bytes written with `O_DIRECT` so far (for tests: that the path is taken).
+    bytes: AtomicU64,
+}
 
 impl DirectWrites {
     pub fn new(enabled: bool) -> Self {
-        Self(Arc::new(AtomicBool::new(enabled)))
+        Self(Arc::new(DirectState {
+            enabled: AtomicBool::new(enabled && O_DIRECT != 0),
+            bytes: AtomicU64::new(0),
+        }))
     }
 
     pub fn enabled(&self) -> bool {
-        self.0.load(Ordering::Relaxed)
+        self.0.enabled.load(Ordering::Relaxed)
     }
 
     fn refused(&self, folder: &Path, error: &io::Error) {
-        if self.0.swap(false, Ordering::Relaxed) {
+        if self.0.enabled.swap(false, Ordering::Relaxed) {
             tracing::warn!(
                 folder = %folder.display(),
                 %error,
@@ -58,10 +73,15 @@ impl DirectWrites {
             );
         }
     }
+
+    #[cfg(test)]
+    fn bytes(&self) -> u64 {
+        self.0.bytes.load(Ordering::Relaxed)
+    }
 }
 
 /// One blob being written. [`LocalBlobWriter::finish`] publishes it;
-/// [`LocalBlobWriter::abort`] (or dropping it) removes what was written.
+/// [`LocalBlobWriter::abort`], dropping it or a failed write removes what was written.
 pub struct LocalBlobWriter {
     dest: PathBuf,
     direct: DirectWrites,
@@ -70,10 +90,13 @@ pub struct LocalBlobWriter {
     filling: Unit,
     /// The staging file, once made; taken by the unit on its way to the disk.
     staging: Option<Staging>,
-    /// The unit on its way to the disk; it gives the staging file and its buffer back.
+    /// The unit on its way to the disk; it gives the staging file and its buffer back
+    /// (or, failing, has removed the staging file).
     in_flight: Option<JoinHandle<io::Result<(Staging, Unit)>>>,
     /// Bytes handed to the disk before `filling`.
     written: u64,
+    /// A write failed: the blob has a hole, nothing more may be written or published.
+    failed: bool,
 }
 
 impl LocalBlobWriter {
@@ -86,19 +109,30 @@ impl LocalBlobWriter {
             staging: None,
             in_flight: None,
             written: 0,
+            failed: false,
         }
     }
 
     pub async fn write(&mut self, chunk: Bytes) -> io::Result<()> {
+        self.usable()?;
         let mut rest = &chunk[..];
         while !rest.is_empty() {
             let taken = self.filling.fill(rest);
             rest = &rest[taken..];
             if self.filling.is_full() {
-                self.send_filled().await?;
+                let sent = self.send_filled().await;
+                self.failed = sent.is_err();
+                sent?;
             }
         }
         Ok(())
+    }
+
+    fn usable(&self) -> io::Result<()> {
+        match self.failed {
+            true => Err(io::Error::other("an earlier write of this blob failed")),
+            false => Ok(()),
+        }
     }
 
     /// Sends the full unit to the disk once the one before it got there, and fills the
@@ -117,8 +151,13 @@ impl LocalBlobWriter {
                 Some(staging) => staging,
                 None => Staging::create(&dest, &direct, true)?,
             };
-            staging.write(&unit, offset, &direct)?;
-            Ok((staging, unit))
+            match staging.write(&unit, offset, &direct) {
+                Ok(()) => Ok((staging, unit)),
+                Err(e) => {
+                    staging.discard();
+                    Err(e)
+                }
+            }
         }));
         Ok(())
     }
@@ -136,6 +175,7 @@ impl LocalBlobWriter {
 
     /// Writes what is left, makes the blob durable and publishes it under its key.
     pub async fn finish(mut self) -> io::Result<()> {
+        self.usable()?;
         if let Some(unit) = self.landed().await? {
             unit.give_back(&self.buffers);
         }
@@ -143,18 +183,15 @@ impl LocalBlobWriter {
         let (staging, dest, direct) = (self.staging.take(), self.dest.clone(), self.direct.clone());
         let (offset, buffers) = (self.written, self.buffers.clone());
         tokio::task::spawn_blocking(move || {
-            let mut staging = match staging {
+            let staging = match staging {
                 Some(staging) => staging,
-                // All of it fits in one unit: through the page cache, where a small
-                // write costs less than cutting a padded one back (and is likelier to
-                // be read again soon).
+                // Smaller than a unit: through the page cache, where a small write costs
+                // less than cutting a padded one back (and is likelier to be read again
+                // soon).
                 None => Staging::create(&dest, &direct, false)?,
             };
-            let published = staging.finish(&mut last, offset, &direct, &dest);
+            let published = staging.publish(&mut last, offset, &direct, &dest);
             last.give_back(&buffers);
-            if published.is_err() {
-                let _ = std::fs::remove_file(&staging.path);
-            }
             published
         })
         .await
@@ -163,27 +200,36 @@ impl LocalBlobWriter {
 
     /// Drops the blob: its staging file is removed.
     pub async fn abort(mut self) {
-        let landed = match self.in_flight.take() {
-            Some(task) => task.await.ok().and_then(Result::ok),
-            None => None,
-        };
-        if let Some((staging, unit)) = landed {
+        // A unit that failed has removed the file itself.
+        if let Some(task) = self.in_flight.take()
+            && let Ok(Ok((staging, unit))) = task.await
+        {
             unit.give_back(&self.buffers);
             self.staging = Some(staging);
         }
+        let filling = std::mem::replace(&mut self.filling, Unit::empty());
+        filling.give_back(&self.buffers);
         if let Some(staging) = self.staging.take() {
-            let _ = tokio::task::spawn_blocking(move || std::fs::remove_file(&staging.path)).await;
+            let _ = tokio::task::spawn_blocking(move || staging.discard()).await;
         }
     }
 }
 
 impl Drop for LocalBlobWriter {
     fn drop(&mut self) {
-        // A unit still on its way keeps its staging file: the sweep removes it later.
-        if let Some(staging) = self.staging.take()
-            && let Ok(runtime) = tokio::runtime::Handle::try_current()
-        {
-            drop(runtime.spawn_blocking(move || std::fs::remove_file(&staging.path)));
+        // Outside a runtime (never in the server) the sweep removes the file later.
+        let Ok(runtime) = tokio::runtime::Handle::try_current() else {
+            return;
+        };
+        if let Some(task) = self.in_flight.take() {
+            runtime.spawn(async move {
+                if let Ok(Ok((staging, _))) = task.await {
+                    let _ = tokio::task::spawn_blocking(move || staging.discard()).await;
+                }
+            });
+        }
+        if let Some(staging) = self.staging.take() {
+            drop(runtime.spawn_blocking(move || staging.discard()));
         }
     }
 }
@@ -200,7 +246,7 @@ impl Unit {
     fn new(buffers: &ReadBuffers) -> Self {
         let mut buffer = buffers.take();
         // The pool's buffers are large allocations: page-aligned but for malloc's header.
-        let start = buffer.as_ptr().align_offset(ALIGN).min(ALIGN);
+        let start = (ALIGN - buffer.as_ptr().addr() % ALIGN) % ALIGN;
         buffer.resize(start, 0);
         // A whole chunk where the pool's room allows (a 1 MiB value is four units and
         // no partial one); a multiple of ALIGN in any case.
@@ -267,7 +313,10 @@ impl Staging {
     /// A new staging file `DEST#N` (the first N free), making `dest`'s folder if needed;
     /// opened for direct writes if `try_direct` and the folder takes them.
     fn create(dest: &Path, direct: &DirectWrites, try_direct: bool) -> io::Result<Self> {
-        let mut made_folder = false;
+        let folder = dest.parent().unwrap_or(Path::new("/"));
+        // The folder can go between its making and the open (object_store removes a
+        // user's empty folder with its last blob): made again, a few times.
+        let mut folders_made = 0;
         let mut n = 1u32;
         loop {
             let mut path = dest.as_os_str().to_owned();
@@ -283,12 +332,15 @@ impl Staging {
                     });
                 }
                 Err(e) if e.kind() == ErrorKind::AlreadyExists => n += 1,
-                Err(e) if e.kind() == ErrorKind::NotFound && !made_folder => {
-                    make_folders(dest.parent().unwrap_or(Path::new("/")))?;
-                    made_folder = true;
+                Err(e) if e.kind() == ErrorKind::NotFound && folders_made < 3 => {
+                    make_folders(folder)?;
+                    folders_made += 1;
                 }
                 Err(e) if use_direct && e.raw_os_error() == Some(libc::EINVAL) => {
-                    direct.refused(dest.parent().unwrap_or(dest), &e);
+                    // Linux made the file before it refused the flag: ours (O_EXCL), so
+                    // removed, and the same name taken again without it.
+                    let _ = std::fs::remove_file(&path);
+                    direct.refused(folder, &e);
                 }
                 Err(e) => return Err(e),
             }
@@ -297,38 +349,67 @@ impl Staging {
 
     /// Writes `unit` (a multiple of [`ALIGN`] unless it is the last) at `offset`.
     fn write(&mut self, unit: &Unit, offset: u64, direct: &DirectWrites) -> io::Result<()> {
-        match self.file.write_all_at(unit.bytes(), offset) {
-            Err(e) if self.direct && e.raw_os_error() == Some(libc::EINVAL) => {
-                // Refused after all (an alignment this disk does not take): the same
-                // file again, through the page cache.
-                direct.refused(self.path.parent().unwrap_or(&self.path), &e);
-                self.file = OpenOptions::new().write(true).open(&self.path)?;
-                self.direct = false;
-                self.file.write_all_at(unit.bytes(), offset)
+        let bytes = unit.bytes();
+        let mut done = 0;
+        while done < bytes.len() {
+            match self.file.write_at(&bytes[done..], offset + done as u64) {
+                Ok(0) => return Err(ErrorKind::WriteZero.into()),
+                Ok(n) => done += n,
+                Err(e) if e.kind() == ErrorKind::Interrupted => {}
+                Err(e) if self.direct && e.raw_os_error() == Some(libc::EINVAL) => {
+                    // An aligned write refused: the folder does not take O_DIRECT after
+                    // all. A short write leaves the rest unaligned: only this file goes
+                    // on through the page cache.
+                    if done == 0 {
+                        direct.refused(self.path.parent().unwrap_or(&self.path), &e);
+                    }
+                    self.file = OpenOptions::new().write(true).open(&self.path)?;
+                    self.direct = false;
+                }
+                Err(e) => return Err(e),
             }
-            other => other,
         }
+        if self.direct {
+            direct.0.bytes.fetch_add(done as u64, Ordering::Relaxed);
+        }
+        Ok(())
     }
 
-    /// Writes the last bytes, then makes the file durable and renames it to `dest`.
-    fn finish(
-        &mut self,
+    /// Writes the last bytes, makes the file durable and renames it to `dest`; on an
+    /// error the staging file is removed.
+    fn publish(
+        mut self,
         last: &mut Unit,
         offset: u64,
         direct: &DirectWrites,
         dest: &Path,
     ) -> io::Result<()> {
         let size = offset + last.len() as u64;
-        if self.direct && !last.len().is_multiple_of(ALIGN) {
+        let written = if self.direct && !last.len().is_multiple_of(ALIGN) {
             last.pad();
-            self.write(last, offset, direct)?;
-            self.file.set_len(size)?;
+            self.write(last, offset, direct)
+                .and_then(|()| self.file.set_len(size))
         } else if last.len() > 0 {
-            self.write(last, offset, direct)?;
+            self.write(last, offset, direct)
+        } else {
+            Ok(())
+        };
+        let Staging { file, path, .. } = self;
+        let durable = written.and_then(|()| file.sync_all());
+        // Closed before the rename, as object_store does (some filesystems commit there).
+        drop(file);
+        if let Err(e) = durable.and_then(|()| std::fs::rename(&path, dest)) {
+            let _ = std::fs::remove_file(&path);
+            return Err(e);
         }
-        self.file.sync_all()?;
-        std::fs::rename(&self.path, dest)?;
         sync_folder(dest.parent().unwrap_or(Path::new("/")))
+    }
+
+    /// Removes the staging file (the blob is not to be).
+    fn discard(self) {
+        let Staging { file, path, .. } = self;
+        drop(file);
+        let _ = std::fs::remove_file(&path);
     }
 }
 
@@ -336,12 +417,13 @@ fn open_new(path: &Path, direct: bool) -> io::Result<File> {
     OpenOptions::new()
         .write(true)
         .create_new(true)
-        .custom_flags(if direct { libc::O_DIRECT } else { 0 })
+        .custom_flags(if direct { O_DIRECT } else { 0 })
         .open(path)
 }
 
-/// Makes `folder` and any missing parent, each made one's parent `fsync`ed so the new
-/// entry survives a crash.
+/// Makes `folder` and any missing parent, each one's parent `fsync`ed so its entry
+/// survives a crash (also when another writer made it first: its fsync may not have
+/// happened yet).
 fn make_folders(folder: &Path) -> io::Result<()> {
     let mut missing = Vec::new();
     let mut at = folder;
@@ -355,7 +437,7 @@ fn make_folders(folder: &Path) -> io::Result<()> {
     for made in missing.into_iter().rev() {
         match std::fs::create_dir(made) {
             Ok(()) => {}
-            Err(e) if e.kind() == ErrorKind::AlreadyExists => continue,
+            Err(e) if e.kind() == ErrorKind::AlreadyExists => {}
             Err(e) => return Err(e),
         }
         sync_folder(made.parent().unwrap_or(Path::new("/")))?;
@@ -409,6 +491,14 @@ mod tests {
         writer.finish().await.expect("finish");
     }
 
+    /// Whether `folder`'s filesystem takes `O_DIRECT`.
+    fn takes_direct(folder: &Path) -> bool {
+        let probe = folder.join("probe");
+        let taken = open_new(&probe, true).is_ok();
+        let _ = std::fs::remove_file(probe);
+        taken && O_DIRECT != 0
+    }
+
     #[tokio::test]
     async fn blobs_of_every_size_read_back_whole_direct_or_not() {
         let unit = unit_bytes();
@@ -442,8 +532,24 @@ mod tests {
                     assert_eq!(names(&folder), ["blob"], "no staging file is left");
                 }
             }
-            // The test's folder takes O_DIRECT or not; either way nothing turned it on.
-            assert!(enabled || !direct.enabled());
+            if !enabled {
+                assert_eq!(direct.bytes(), 0, "off means off");
+            } else if takes_direct(dir.path()) {
+                // Every unit went around the page cache; only blobs smaller than one
+                // (and tails) did not.
+                assert!(direct.enabled(), "the folder takes O_DIRECT: still on");
+                let units: usize = sizes.iter().map(|size| size / unit * unit).sum();
+                assert!(
+                    direct.bytes() >= 3 * units as u64,
+                    "{} bytes direct",
+                    direct.bytes()
+                );
+            } else {
+                eprintln!(
+                    "{} does not take O_DIRECT: written through the page cache",
+                    dir.path().display()
+                );
+            }
         }
     }
 
@@ -538,13 +644,36 @@ mod tests {
         let mut last = Unit::new(&buffers);
         last.fill(b"tail");
         staging
-            .finish(&mut last, ALIGN as u64, &direct, &dest)
+            .publish(&mut last, ALIGN as u64, &direct, &dest)
             .expect("published");
         let mut expected = value(ALIGN);
         expected.extend_from_slice(b"tail");
         assert_eq!(std::fs::read(&dest).expect("read"), expected);
+        assert_eq!(names(dir.path()), ["blob"]);
         // The next blob does not try again.
         let next = Staging::create(&dir.path().join("next"), &direct, true).expect("staging file");
         assert!(!next.direct);
+        next.discard();
+
+        // Refused at the padded last write, once the earlier units went direct: the
+        // tail through the page cache, the file still cut to its size.
+        let direct = DirectWrites::new(true);
+        let dest = dir.path().join("tail");
+        let mut staging = Staging::create(&dest, &direct, true).expect("staging file");
+        assert!(staging.direct);
+        let mut first = Unit::new(&buffers);
+        first.fill(&value(ALIGN));
+        staging.write(&first, 0, &direct).expect("an aligned write");
+        let mut last = Unit::new(&buffers);
+        last.start += 1;
+        last.capacity -= ALIGN;
+        last.buffer.push(0);
+        last.fill(b"tail");
+        staging
+            .publish(&mut last, ALIGN as u64, &direct, &dest)
+            .expect("published");
+        assert!(!direct.enabled());
+        assert_eq!(std::fs::read(&dest).expect("read"), expected);
+        assert_eq!(names(dir.path()), ["blob", "tail"], "no staging file left");
     }
 }

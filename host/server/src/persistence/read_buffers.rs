@@ -6,7 +6,7 @@
 //! frame, for every chunk of every response (most of the server's own CPU in a 1 MiB
 //! GET, measured in docs/BENCHMARKS.md). A chunk here is `Bytes` whose owner hands its
 //! buffer back to a small pool when the last reference goes, so the next read lands in
-//! pages already mapped. The pool keeps at most [`KEPT`] buffers (8 MiB): memory stays
+//! pages already mapped. The pool keeps at most [`KEPT`] buffers (8.1 MiB): memory stays
 //! bounded whatever the number of readers; past that, buffers are freed as before. Writes
 //! of large blobs fill the same buffers before they go to the disk (`direct_writes`).
 
@@ -20,7 +20,7 @@ pub const CHUNK_BYTES: usize = 256 * 1024;
 /// direct write of a blob needs, `direct_writes`; malloc's large blocks start 16 bytes
 /// past one).
 pub const BUFFER_BYTES: usize = CHUNK_BYTES + 4096;
-/// Buffers the pool keeps, at most (8 MiB of chunks).
+/// Buffers the pool keeps, at most (32 of 260 KiB: 8.1 MiB).
 const KEPT: usize = 32;
 
 /// The free buffers, each of capacity [`BUFFER_BYTES`].
