@@ -120,9 +120,10 @@ impl LocalBlobWriter {
             let taken = self.filling.fill(rest);
             rest = &rest[taken..];
             if self.filling.is_full() {
-                let sent = self.send_filled().await;
-                self.failed = sent.is_err();
-                sent?;
+                // Failed until it returns: a write cancelled half-way leaves a hole.
+                self.failed = true;
+                self.send_filled().await?;
+                self.failed = false;
             }
         }
         Ok(())
@@ -164,10 +165,14 @@ impl LocalBlobWriter {
 
     /// Waits for the unit on its way to the disk; its buffer, emptied, when there was one.
     async fn landed(&mut self) -> io::Result<Option<Unit>> {
-        let Some(task) = self.in_flight.take() else {
+        // Awaited in place: a future dropped meanwhile (a cancelled request) leaves the
+        // unit where `Drop` finds it and removes its staging file.
+        let Some(task) = self.in_flight.as_mut() else {
             return Ok(None);
         };
-        let (staging, mut unit) = task.await.map_err(io::Error::other)??;
+        let joined = task.await;
+        self.in_flight = None;
+        let (staging, mut unit) = joined.map_err(io::Error::other)??;
         self.staging = Some(staging);
         unit.clear();
         Ok(Some(unit))
@@ -201,11 +206,13 @@ impl LocalBlobWriter {
     /// Drops the blob: its staging file is removed.
     pub async fn abort(mut self) {
         // A unit that failed has removed the file itself.
-        if let Some(task) = self.in_flight.take()
-            && let Ok(Ok((staging, unit))) = task.await
-        {
-            unit.give_back(&self.buffers);
-            self.staging = Some(staging);
+        if let Some(task) = self.in_flight.as_mut() {
+            let joined = task.await;
+            self.in_flight = None;
+            if let Ok(Ok((staging, unit))) = joined {
+                unit.give_back(&self.buffers);
+                self.staging = Some(staging);
+            }
         }
         let filling = std::mem::replace(&mut self.filling, Unit::empty());
         filling.give_back(&self.buffers);
@@ -396,7 +403,7 @@ impl Staging {
         };
         let Staging { file, path, .. } = self;
         let durable = written.and_then(|()| file.sync_all());
-        // Closed before the rename, as object_store does (some filesystems commit there).
+        // Closed before the rename (some filesystems, NFS among them, commit there).
         drop(file);
         if let Err(e) = durable.and_then(|()| std::fs::rename(&path, dest)) {
             let _ = std::fs::remove_file(&path);
@@ -538,9 +545,14 @@ mod tests {
                 // Every unit went around the page cache; only blobs smaller than one
                 // (and tails) did not.
                 assert!(direct.enabled(), "the folder takes O_DIRECT: still on");
-                let units: usize = sizes.iter().map(|size| size / unit * unit).sum();
+                // Blobs of a unit or more: their units, and their tail padded to ALIGN.
+                let units: usize = sizes
+                    .iter()
+                    .filter(|&&size| size >= unit)
+                    .map(|size| size / unit * unit + (size % unit).div_ceil(ALIGN) * ALIGN)
+                    .sum();
                 assert!(
-                    direct.bytes() >= 3 * units as u64,
+                    direct.bytes() == 3 * units as u64,
                     "{} bytes direct",
                     direct.bytes()
                 );
@@ -582,14 +594,12 @@ mod tests {
             direct.clone(),
             Arc::new(ReadBuffers::default()),
         );
+        // Dropped with a unit on its way to the disk (the request's future dropped).
         writer
             .write(Bytes::from(value(unit + 1)))
             .await
             .expect("write");
-        // The first unit has landed once a second one is sent; only then is it sure that
-        // no write is on its way when the writer goes.
-        writer.write(Bytes::from(value(unit))).await.expect("write");
-        writer.landed().await.expect("landed");
+        assert!(writer.in_flight.is_some());
         drop(writer);
         for _ in 0..100 {
             if names(dir.path()).is_empty() {
@@ -601,6 +611,36 @@ mod tests {
             "a dropped writer's staging file is still there: {:?}",
             names(dir.path())
         );
+    }
+
+    #[tokio::test]
+    async fn a_failed_write_removes_its_staging_file_and_refuses_more() {
+        let dir = tempfile::tempdir().expect("temp dir");
+        let dest = dir.path().join("blob");
+        let unit = unit_bytes();
+        let mut writer = LocalBlobWriter::new(
+            dest.clone(),
+            DirectWrites::new(true),
+            Arc::new(ReadBuffers::default()),
+        );
+        // A staging file that cannot be written (opened read-only): the disk failing.
+        let path = dir.path().join("blob#1");
+        std::fs::write(&path, b"").expect("write");
+        writer.staging = Some(Staging {
+            file: File::open(&path).expect("open"),
+            path,
+            direct: false,
+        });
+        writer.write(Bytes::from(value(unit))).await.expect("sent");
+        let failed = writer.write(Bytes::from(value(unit))).await;
+        assert!(failed.is_err(), "the first unit's failure is told");
+        assert!(names(dir.path()).is_empty(), "its staging file is gone");
+        assert!(writer.write(Bytes::from_static(b"x")).await.is_err());
+        assert!(
+            writer.finish().await.is_err(),
+            "a blob with a hole is not published"
+        );
+        assert!(names(dir.path()).is_empty());
     }
 
     #[tokio::test]
@@ -637,6 +677,14 @@ mod tests {
         staging
             .write(&unit, 0, &direct)
             .expect("written all the same");
+        if staging.direct {
+            // tmpfs (Linux 6.6 on) and btrfs take any memory: nothing to refuse there.
+            eprintln!(
+                "skipped: {} takes unaligned direct writes",
+                dir.path().display()
+            );
+            return;
+        }
         assert!(
             !staging.direct && !direct.enabled(),
             "direct writes are off now"
