@@ -292,7 +292,6 @@ impl BlobStore {
         BlobWriter {
             inner,
             key: key.to_owned(),
-            finished: false,
         }
     }
 
@@ -566,7 +565,6 @@ pub struct BlobMeta {
 pub struct BlobWriter {
     inner: Writer,
     key: String,
-    finished: bool,
 }
 
 enum Writer {
@@ -588,22 +586,18 @@ impl BlobWriter {
     }
 
     /// Completes the blob: after this returns it is durable and readable under its key.
-    pub async fn finish(mut self) -> Result<(), BlobError> {
-        self.finished = true;
+    pub async fn finish(self) -> Result<(), BlobError> {
         match self.inner {
             Writer::Local(local) => local.finish().await.map_err(|e| local_error(&self.key, e)),
             Writer::Store(mut store) => store.shutdown().await.map_err(map_io_err),
         }
     }
 
-    pub async fn abort(mut self) {
-        if !self.finished {
-            self.finished = true;
-            match self.inner {
-                Writer::Local(local) => local.abort().await,
-                Writer::Store(mut store) => {
-                    let _ = store.abort().await;
-                }
+    pub async fn abort(self) {
+        match self.inner {
+            Writer::Local(local) => local.abort().await,
+            Writer::Store(mut store) => {
+                let _ = store.abort().await;
             }
         }
     }

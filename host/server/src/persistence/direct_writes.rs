@@ -483,12 +483,17 @@ mod tests {
         names
     }
 
-    async fn write(dest: &Path, direct: &DirectWrites, bytes: &[u8], chunk: usize) {
-        let mut writer = LocalBlobWriter::new(
+    /// A writer of `dest` with a pool of its own.
+    fn writer_of(dest: &Path, direct: &DirectWrites) -> LocalBlobWriter {
+        LocalBlobWriter::new(
             dest.to_owned(),
             direct.clone(),
             Arc::new(ReadBuffers::default()),
-        );
+        )
+    }
+
+    async fn write(dest: &Path, direct: &DirectWrites, bytes: &[u8], chunk: usize) {
+        let mut writer = writer_of(dest, direct);
         for piece in bytes.chunks(chunk.max(1)) {
             writer
                 .write(Bytes::copy_from_slice(piece))
@@ -571,11 +576,7 @@ mod tests {
         let direct = DirectWrites::new(true);
         let unit = unit_bytes();
         let dest = dir.path().join("aborted");
-        let mut writer = LocalBlobWriter::new(
-            dest.clone(),
-            direct.clone(),
-            Arc::new(ReadBuffers::default()),
-        );
+        let mut writer = writer_of(&dest, &direct);
         writer
             .write(Bytes::from(value(2 * unit + 5)))
             .await
@@ -589,11 +590,7 @@ mod tests {
         assert!(names(dir.path()).is_empty());
 
         let dest = dir.path().join("dropped");
-        let mut writer = LocalBlobWriter::new(
-            dest.clone(),
-            direct.clone(),
-            Arc::new(ReadBuffers::default()),
-        );
+        let mut writer = writer_of(&dest, &direct);
         // Dropped with a unit on its way to the disk (the request's future dropped).
         writer
             .write(Bytes::from(value(unit + 1)))
@@ -618,11 +615,7 @@ mod tests {
         let dir = tempfile::tempdir().expect("temp dir");
         let dest = dir.path().join("blob");
         let unit = unit_bytes();
-        let mut writer = LocalBlobWriter::new(
-            dest.clone(),
-            DirectWrites::new(true),
-            Arc::new(ReadBuffers::default()),
-        );
+        let mut writer = writer_of(&dest, &DirectWrites::new(true));
         // A staging file that cannot be written (opened read-only): the disk failing.
         let path = dir.path().join("blob#1");
         std::fs::write(&path, b"").expect("write");
